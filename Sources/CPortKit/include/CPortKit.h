@@ -1,0 +1,159 @@
+// CPortKit: the few Linux facilities Swift cannot import from Glibc.
+//
+// Every symbol carries the `pk_` prefix. `_GNU_SOURCE` comes from the target's cSettings,
+// never from this header (defining it here breaks the Glibc module with an fd_set conflict).
+#ifndef CPORTKIT_H
+#define CPORTKIT_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/file.h>
+#include <sys/inotify.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+// MARK: - Thread identity
+
+/// The kernel thread id of the calling thread, cached per thread (gettid(2) is a system call).
+pid_t pk_gettid(void);
+
+// MARK: - Clock
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of every PortKit deadline and timer.
+static inline uint64_t pk_monotonic_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+// MARK: - epoll, eventfd, timerfd
+
+static inline int pk_epoll_create1(int flags) { return epoll_create1(flags); }
+
+static inline int pk_epoll_ctl(int epfd, int op, int fd, uint32_t events, uint64_t data) {
+    struct epoll_event ev;
+    ev.events = events;
+    ev.data.u64 = data;
+    return epoll_ctl(epfd, op, fd, &ev);
+}
+
+/// epoll_wait(2) into parallel arrays, so Swift never has to read the packed struct.
+static inline int pk_epoll_wait(int epfd, uint32_t *events, uint64_t *data, int max, int timeout_ms) {
+    struct epoll_event evs[64];
+    if (max > 64) max = 64;
+    int n = epoll_wait(epfd, evs, max, timeout_ms);
+    for (int i = 0; i < n; i++) {
+        events[i] = evs[i].events;
+        data[i] = evs[i].data.u64;
+    }
+    return n;
+}
+
+static const uint32_t PK_EPOLLIN = EPOLLIN;
+static const uint32_t PK_EPOLLOUT = EPOLLOUT;
+static const uint32_t PK_EPOLLERR = EPOLLERR;
+static const uint32_t PK_EPOLLHUP = EPOLLHUP;
+static const uint32_t PK_EPOLLRDHUP = EPOLLRDHUP;
+static const uint32_t PK_EPOLLET = EPOLLET;
+static const int PK_EPOLL_CLOEXEC = EPOLL_CLOEXEC;
+
+static inline int pk_eventfd(unsigned int initval, int flags) { return eventfd(initval, flags); }
+static const int PK_EFD_CLOEXEC = EFD_CLOEXEC;
+static const int PK_EFD_NONBLOCK = EFD_NONBLOCK;
+
+static inline int pk_timerfd_create(int flags) { return timerfd_create(CLOCK_MONOTONIC, flags); }
+static const int PK_TFD_CLOEXEC = TFD_CLOEXEC;
+static const int PK_TFD_NONBLOCK = TFD_NONBLOCK;
+
+/// Arms a CLOCK_MONOTONIC timerfd at an absolute deadline in nanoseconds; 0 disarms it.
+static inline int pk_timerfd_set_abs(int fd, uint64_t deadline_ns) {
+    struct itimerspec spec = {0};
+    spec.it_value.tv_sec = (time_t)(deadline_ns / 1000000000ull);
+    spec.it_value.tv_nsec = (long)(deadline_ns % 1000000000ull);
+    return timerfd_settime(fd, TFD_TIMER_ABSTIME, &spec, NULL);
+}
+
+// MARK: - Sockets
+
+static const int PK_SOCK_STREAM = SOCK_STREAM;
+static const int PK_SOCK_CLOEXEC = SOCK_CLOEXEC;
+static const int PK_SOCK_NONBLOCK = SOCK_NONBLOCK;
+static const int PK_MSG_NOSIGNAL = MSG_NOSIGNAL;
+static const int PK_MSG_CMSG_CLOEXEC = MSG_CMSG_CLOEXEC;
+static const int PK_MSG_CTRUNC = MSG_CTRUNC;
+static const int PK_MSG_DONTWAIT = MSG_DONTWAIT;
+
+int pk_accept4(int fd, int flags);
+
+/// The peer's credentials as the kernel reports them (SO_PEERCRED).
+int pk_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
+
+/// The control buffer size for `count` descriptors (CMSG_SPACE).
+static inline size_t pk_cmsg_space_fds(unsigned int count) {
+    return count == 0 ? 0 : CMSG_SPACE(sizeof(int) * count);
+}
+
+/// sendmsg(2) of `iovcnt` buffers with `fdcount` descriptors attached (SCM_RIGHTS), MSG_NOSIGNAL.
+/// `control` must hold pk_cmsg_space_fds(fdcount) bytes.
+static inline ssize_t pk_sendmsg_fds(int fd, const struct iovec *iov, int iovcnt,
+                                     const int *fds, unsigned int fdcount, void *control) {
+    struct msghdr msg = {0};
+    msg.msg_iov = (struct iovec *)iov;
+    msg.msg_iovlen = (size_t)iovcnt;
+    if (fdcount > 0) {
+        size_t space = CMSG_SPACE(sizeof(int) * fdcount);
+        msg.msg_control = control;
+        msg.msg_controllen = space;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * fdcount);
+        int *out = (int *)CMSG_DATA(c);
+        for (unsigned int i = 0; i < fdcount; i++) out[i] = fds[i];
+    }
+    return sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/// recvmsg(2) into one buffer, with MSG_CMSG_CLOEXEC. Descriptors that arrived are written to
+/// `fds` (at most `maxfds`; any beyond that are closed here) and counted in `*fdcount`.
+/// `*truncated` is set when the kernel reported MSG_CTRUNC (descriptors were lost); every
+/// descriptor that did arrive is still reported, so the caller can close them.
+static inline ssize_t pk_recvmsg_fds(int fd, void *buf, size_t len, int *fds, unsigned int maxfds,
+                                     unsigned int *fdcount, int *truncated, void *control,
+                                     size_t controllen) {
+    struct iovec iov = { buf, len };
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = controllen;
+    *fdcount = 0;
+    *truncated = 0;
+    ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0) return n;
+    if (msg.msg_flags & MSG_CTRUNC) *truncated = 1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        int *in = (int *)CMSG_DATA(c);
+        for (size_t i = 0; i < count; i++) {
+            if (*fdcount < maxfds) fds[(*fdcount)++] = in[i];
+            else { close(in[i]); *truncated = 1; }
+        }
+    }
+    return n;
+}
+
+#endif

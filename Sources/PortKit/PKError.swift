@@ -1,0 +1,91 @@
+/// The one error type PortKit throws.
+///
+/// A `PKError` says what went wrong (`code`), in words (`description`), where PortKit made it
+/// (`file`, `line`) and, for a failed system call, which call and its `errno`.
+/// Compare errors by `code`:
+///
+/// ```swift
+/// do { try port.send(message, timeout: .seconds(1)) }
+/// catch where error.code == .sendTimedOut { ... }
+/// ```
+public struct PKError: Error, CustomStringConvertible, Sendable {
+    /// The kind of failure. New codes may be added; switch with a `default`.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        private enum Base: String, Hashable, Sendable {
+            case system, sendTimedOut, receiveTimedOut, invalidPort, portInvalidated
+            case transport, protocolViolation, limitExceeded, badName, nameInUse
+            case nameNotFound, unsafeDirectory, permissionDenied, checkInTimedOut
+            case checkInFailed
+        }
+        private let base: Base
+        private init(_ base: Base) { self.base = base }
+        public var description: String { base.rawValue }
+
+        /// A system call failed for a reason of the environment (see `errno` and `call`).
+        public static let system = Code(.system)
+        /// The message could not be queued before the send deadline (the receiver's queue is full).
+        public static let sendTimedOut = Code(.sendTimedOut)
+        /// No reply arrived before the receive deadline.
+        public static let receiveTimedOut = Code(.receiveTimedOut)
+        /// The port was already invalid when the operation started.
+        public static let invalidPort = Code(.invalidPort)
+        /// The port became invalid while the operation waited (for example the peer died).
+        public static let portInvalidated = Code(.portInvalidated)
+        /// The connection failed while sending or receiving.
+        public static let transport = Code(.transport)
+        /// A peer broke the wire protocol; its connection was closed.
+        public static let protocolViolation = Code(.protocolViolation)
+        /// A message, a queue or a count is over one of PortKit's limits.
+        public static let limitExceeded = Code(.limitExceeded)
+        /// A port name is not valid.
+        public static let badName = Code(.badName)
+        /// The name is already registered by a live owner.
+        public static let nameInUse = Code(.nameInUse)
+        /// No port is registered under that name.
+        public static let nameNotFound = Code(.nameNotFound)
+        /// The socket directory is not safe to use (a link, someone else's, or open to others).
+        public static let unsafeDirectory = Code(.unsafeDirectory)
+        /// The peer is not allowed to connect (another user).
+        public static let permissionDenied = Code(.permissionDenied)
+        /// A worker did not check in before the deadline.
+        public static let checkInTimedOut = Code(.checkInTimedOut)
+        /// A worker ended, or sent something else, before checking in.
+        public static let checkInFailed = Code(.checkInFailed)
+    }
+
+    /// What kind of failure this is.
+    public let code: Code
+    /// A sentence saying what failed.
+    public let message: String
+    /// The system call that failed, when `code == .system` (or a transport error came from one).
+    public let call: String?
+    /// The `errno` of the failed system call, if any.
+    public let errno: Int32?
+    /// Where PortKit made the error.
+    public let file: String
+    /// Where PortKit made the error.
+    public let line: Int
+
+    /// Makes an error. PortKit's own code calls this; users rarely need to.
+    public init(
+        _ code: Code, _ message: String, call: String? = nil, errno: Int32? = nil,
+        file: String = #fileID, line: Int = #line
+    ) {
+        self.code = code
+        self.message = message
+        self.call = call
+        self.errno = errno
+        self.file = file
+        self.line = line
+    }
+
+    public var description: String {
+        var text = "PKError.\(code): \(message)"
+        if let call, let errno { text += " (\(call): \(SystemCall.describe(errno: errno)))" }
+        return text
+    }
+
+    static func system(_ call: StaticString, errno: Int32, file: String = #fileID, line: Int = #line) -> PKError {
+        PKError(.system, "\(call) failed", call: "\(call)", errno: errno, file: file, line: line)
+    }
+}

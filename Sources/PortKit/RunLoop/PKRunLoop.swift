@@ -1,0 +1,367 @@
+// The run loop: one per thread, on epoll (sources), an eventfd (wake-ups) and a timerfd (timers).
+//
+// One pass, as in CFRunLoop and the guide's "event order":
+//
+//     notify entry
+//     repeat {
+//         notify beforeTimers; notify beforeSources
+//         run perform blocks; perform signalled custom sources
+//         if a source was handled: poll instead of sleeping
+//         notify beforeWaiting; epoll_wait (until the earliest timer / the deadline); notify afterWaiting
+//         handle what woke it: due timers, the wake-up, ready descriptor sources
+//         run perform blocks
+//     } until handled-and-asked-to-return | timed out | stopped | the mode is empty
+//     notify exit
+
+import Synchronization
+
+/// A run loop (`NSRunLoop`, `CFRunLoop`): the event loop of one thread.
+///
+/// Each thread has one loop, made the first time the thread asks for `current`. A loop runs in
+/// one mode at a time and watches that mode's input sources (ports, descriptor sources, custom
+/// sources) and timers, calling their handlers on its own thread; observers see each pass.
+/// Runs may nest, in any mode.
+///
+/// A loop sleeps in `epoll_wait` when nothing is ready: no polling, no periodic wake-up.
+///
+/// - Warning: A loop belongs to its thread. Running it and adding or removing items are
+///   loop-only: calling them from another thread is a programmer error and traps. `wakeUp()`,
+///   `stop()`, `perform(inModes:_:)`, signalling a custom source and sending to a port are safe
+///   from any thread.
+public final class PKRunLoop: @unchecked Sendable {
+    /// The kernel thread id of the thread that owns the loop.
+    public let threadID: Int32
+
+    /// The loop's epoll descriptor, for hosting the loop inside another event system: when it is
+    /// readable, call `runOnePass(in:)` on the loop's thread. Owned by the loop; do not close it.
+    public var descriptor: Int32 { epollFD }
+
+    let epollFD: Int32
+    let wakeFD: Int32
+    let timerFD: Int32
+
+    // Cross-thread state.
+    private let wakePending = Atomic<Bool>(false)
+    private let stopRequested = Atomic<Bool>(false)
+    private let performQueue = Mutex<[(modes: [PKRunLoopMode], block: @Sendable () -> Void)]>([])
+    private let performCount = Atomic<Int>(0)
+
+    // Loop-only state.
+    var modeItems: [PKRunLoopMode: ModeItems] = [:]
+    var commonModes: Set<PKRunLoopMode> = [.default]
+    var commonItems = ModeItems()
+    var descriptorSources: [UInt64: PKDescriptorSource] = [:]
+    var parkedSources: Set<UInt64> = []
+    var nextToken: UInt64 = Token.firstSource
+    private(set) var currentMode: PKRunLoopMode?
+    private var armedTimer: UInt64?
+    private var threadEnded = false
+
+    enum Token {
+        static let wake: UInt64 = 0
+        static let timer: UInt64 = 1
+        static let firstSource: UInt64 = 2
+    }
+
+    /// The items of one mode.
+    struct ModeItems {
+        var customSources: [PKCustomSource] = []
+        var descriptorTokens: Set<UInt64> = []
+        var timers: [PKTimer] = []
+        var observers: [PKRunLoopObserver] = []
+    }
+
+    init(ownerThread: Int32) {
+        self.threadID = ownerThread
+        do {
+            epollFD = try Epoll.create()
+            wakeFD = try EventFD.create()
+            timerFD = try TimerFD.create()
+            try Epoll.add(epollFD, wakeFD, events: Epoll.readable, token: Token.wake)
+            try Epoll.add(epollFD, timerFD, events: Epoll.readable, token: Token.timer)
+        } catch {
+            // A thread without a run loop cannot do anything PortKit offers.
+            fatalError("PortKit cannot create a run loop: \(error)")
+        }
+    }
+
+    deinit {
+        Descriptor.close(timerFD)
+        Descriptor.close(wakeFD)
+        Descriptor.close(epollFD)
+    }
+
+    /// The mode the innermost run of this loop is in, or `nil` when the loop is not running.
+    /// Loop-only.
+    public var currentModeIfRunning: PKRunLoopMode? {
+        assertOwner("currentModeIfRunning")
+        return currentMode
+    }
+
+    // MARK: - Thread rules
+
+    /// Whether the calling thread owns this loop.
+    public var isOwnedByCurrentThread: Bool { ThreadIdentity.current == threadID }
+
+    @inline(__always)
+    func assertOwner(_ function: StaticString) {
+        if ThreadIdentity.current != threadID {
+            fatalError("PKRunLoop.\(function) is loop-only: the loop belongs to thread \(threadID), but thread \(ThreadIdentity.current) called it")
+        }
+    }
+
+    // MARK: - Cross-thread operations
+
+    /// Wakes the loop if it sleeps, so it runs another pass (`CFRunLoopWakeUp`). Safe from any thread.
+    public func wakeUp() {
+        if !wakePending.exchange(true, ordering: .acquiringAndReleasing) {
+            EventFD.signal(wakeFD)
+        }
+    }
+
+    /// Ends the innermost run of the loop, which returns `.stopped` (`CFRunLoopStop`). Safe from
+    /// any thread. If the loop is not running, its next run returns `.stopped` at once.
+    public func stop() {
+        stopRequested.store(true, ordering: .releasing)
+        wakeUp()
+    }
+
+    /// Runs `block` on the loop's thread on a pass in one of `modes`, and wakes the loop so it
+    /// does so promptly even if it was asleep (`CFRunLoopPerformBlock` + `CFRunLoopWakeUp`, the
+    /// guide's `performSelector:onThread:`). Blocks run in the order they were given. Safe from
+    /// any thread.
+    public func perform(inModes modes: [PKRunLoopMode] = [.common], _ block: @escaping @Sendable () -> Void) {
+        performQueue.withLock { $0.append((modes, block)) }
+        performCount.add(1, ordering: .releasing)
+        wakeUp()
+    }
+
+    // MARK: - Running
+
+    /// Runs the loop in `mode` until `deadline`, a stop, an empty mode or (if asked) one handled
+    /// source (`CFRunLoopRunInMode`). Loop-only.
+    ///
+    /// A mode with no sources and no timers returns `.finished` at once. A deadline that has
+    /// passed still gets one pass that does not sleep. Timers never count as handled sources.
+    ///
+    /// - Parameters:
+    ///   - mode: the mode to run; not `.common`.
+    ///   - deadline: when to return `.timedOut`.
+    ///   - returnAfterSourceHandled: return `.handledSource` after the first source handled.
+    /// - Returns: why the run ended.
+    @discardableResult
+    public func run(
+        in mode: PKRunLoopMode = .default, until deadline: PKDeadline = .distantFuture,
+        returnAfterSourceHandled: Bool = false
+    ) -> PKRunLoopRunResult {
+        assertOwner("run(in:until:returnAfterSourceHandled:)")
+        precondition(mode != .common, "PKRunLoop.run: a loop cannot run in the common-modes pseudo-mode; run a real mode such as .default")
+        if threadEnded { return .finished }
+        purgeInvalid(mode)
+        if isEmpty(mode) { return .finished }
+        let previous = currentMode
+        currentMode = mode
+        defer {
+            currentMode = previous
+            armTimer(for: previous)
+        }
+        notifyObservers(.entry, mode)
+        let result = runPasses(mode, deadline, returnAfterSourceHandled)
+        notifyObservers(.exit, mode)
+        return result
+    }
+
+    /// Runs the loop in `mode` for at most `timeout`. Loop-only.
+    @discardableResult
+    public func run(in mode: PKRunLoopMode = .default, for timeout: Duration, returnAfterSourceHandled: Bool = false) -> PKRunLoopRunResult {
+        run(in: mode, until: .after(timeout), returnAfterSourceHandled: returnAfterSourceHandled)
+    }
+
+    /// Runs the loop once in `mode`, returning after the first source handled or at `deadline`
+    /// (`-[NSRunLoop runMode:beforeDate:]`). Loop-only.
+    ///
+    /// - Returns: `false` if the mode has no sources or timers (the run did not start).
+    @discardableResult
+    public func runOnce(in mode: PKRunLoopMode = .default, before deadline: PKDeadline) -> Bool {
+        run(in: mode, until: deadline, returnAfterSourceHandled: true) != .finished
+    }
+
+    /// Runs the default mode until it has no sources and no timers, or a stop
+    /// (`-[NSRunLoop run]`, `CFRunLoopRun`). Loop-only.
+    public func run() {
+        while true {
+            let result = run(in: .default, until: .distantFuture)
+            if result == .finished || result == .stopped { return }
+        }
+    }
+
+    /// One pass that does not sleep: handles whatever is ready in `mode` and returns. For a loop
+    /// hosted by another event system (see `descriptor`). Loop-only.
+    @discardableResult
+    public func runOnePass(in mode: PKRunLoopMode = .default) -> PKRunLoopRunResult {
+        run(in: mode, until: .distantPast)
+    }
+
+    private func runPasses(_ mode: PKRunLoopMode, _ deadline: PKDeadline, _ returnAfter: Bool) -> PKRunLoopRunResult {
+        let capacity: Int32 = 64
+        var readyEvents = [UInt32](repeating: 0, count: Int(capacity))
+        var readyTokens = [UInt64](repeating: 0, count: Int(capacity))
+        while true {
+            if !parkedSources.isEmpty { registerParkedSources(for: mode) }
+            notifyObservers(.beforeTimers, mode)
+            notifyObservers(.beforeSources, mode)
+            runPerformBlocks(mode)
+            var handledSource = performCustomSources(mode)
+            runPerformBlocks(mode)
+            if handledSource && returnAfter { return .handledSource }
+
+            let pollOnly = handledSource || hasPendingWork(mode)
+            armTimer(for: mode)
+            let timeout: Int32 = pollOnly ? 0 : deadline.pollTimeoutMilliseconds(now: monotonicNanoseconds())
+            if !pollOnly { notifyObservers(.beforeWaiting, mode) }
+            let count = readyEvents.withUnsafeMutableBufferPointer { events in
+                readyTokens.withUnsafeMutableBufferPointer { tokens in
+                    (try? Epoll.wait(epollFD, events: events.baseAddress!, tokens: tokens.baseAddress!, capacity: capacity, timeoutMilliseconds: timeout)) ?? 0
+                }
+            }
+            if !pollOnly { notifyObservers(.afterWaiting, mode) }
+
+            var timersDue = false
+            for index in 0..<count {
+                switch readyTokens[index] {
+                case Token.wake:
+                    EventFD.drain(wakeFD)
+                    wakePending.store(false, ordering: .releasing)
+                case Token.timer:
+                    TimerFD.drain(timerFD)
+                    armedTimer = nil
+                    timersDue = true
+                default:
+                    if handledSource && returnAfter { continue }
+                    if handleDescriptorEvent(token: readyTokens[index], mask: readyEvents[index], mode: mode) {
+                        handledSource = true
+                    }
+                }
+            }
+            // Timers that are due fire even if the timerfd has not been read yet.
+            _ = timersDue
+            fireDueTimers(mode)
+            runPerformBlocks(mode)
+
+            if handledSource && returnAfter { return .handledSource }
+            if stopRequested.exchange(false, ordering: .acquiringAndReleasing) { return .stopped }
+            if threadEnded { return .finished }
+            if deadline.hasPassed { return .timedOut }
+            purgeInvalid(mode)
+            if isEmpty(mode) { return .finished }
+        }
+    }
+
+    /// Whether something is ready that must not wait for a sleep.
+    private func hasPendingWork(_ mode: PKRunLoopMode) -> Bool {
+        if stopRequested.load(ordering: .acquiring) { return true }
+        if performCount.load(ordering: .acquiring) > 0 && performQueue.withLock({ queue in queue.contains { modesMatch($0.modes, mode) } }) {
+            return true
+        }
+        guard let items = modeItems[mode] else { return false }
+        return items.customSources.contains { $0.isSignalled && $0.isValid }
+    }
+
+    // MARK: - Items in a pass
+
+    private func runPerformBlocks(_ mode: PKRunLoopMode) {
+        guard performCount.load(ordering: .acquiring) > 0 else { return }
+        let runnable: [@Sendable () -> Void] = performQueue.withLock { queue in
+            var taken: [@Sendable () -> Void] = []
+            queue.removeAll { item in
+                guard modesMatch(item.modes, mode) else { return false }
+                taken.append(item.block)
+                return true
+            }
+            return taken
+        }
+        guard !runnable.isEmpty else { return }
+        performCount.subtract(runnable.count, ordering: .releasing)
+        for block in runnable { block() }
+    }
+
+    private func modesMatch(_ modes: [PKRunLoopMode], _ mode: PKRunLoopMode) -> Bool {
+        modes.contains { $0 == mode || ($0 == .common && commonModes.contains(mode)) }
+    }
+
+    private func performCustomSources(_ mode: PKRunLoopMode) -> Bool {
+        guard let sources = modeItems[mode]?.customSources, !sources.isEmpty else { return false }
+        var handled = false
+        for source in sources where source.performIfSignalled() { handled = true }
+        return handled
+    }
+
+    private func fireDueTimers(_ mode: PKRunLoopMode) {
+        guard let timers = modeItems[mode]?.timers, !timers.isEmpty else { return }
+        let now = monotonicNanoseconds()
+        let due = timers.filter { $0.isValid && !$0.isFiring && $0.fireNanoseconds <= now }
+            .sorted { $0.fireNanoseconds < $1.fireNanoseconds }
+        for timer in due where timer.isValid && timer.fireNanoseconds <= now {
+            timer.fireOnLoop(now: monotonicNanoseconds)
+        }
+    }
+
+    /// Arms the timerfd at the latest moment that still fires every timer of `mode` within its
+    /// tolerance; re-arms only when that moment changes.
+    func armTimer(for mode: PKRunLoopMode?) {
+        var earliest: UInt64? = nil
+        if let mode, let timers = modeItems[mode]?.timers {
+            for timer in timers where timer.isValid && !timer.isFiring {
+                let latest = timer.latestNanoseconds
+                if earliest == nil || latest < earliest! { earliest = latest }
+            }
+        }
+        guard earliest != armedTimer else { return }
+        armedTimer = earliest
+        TimerFD.set(timerFD, deadline: earliest)
+    }
+
+    /// Called when a timer's dates change, so the timerfd follows.
+    func timersChanged() {
+        if ThreadIdentity.current == threadID {
+            armedTimer = .max - 1  // force a re-arm on the next pass
+            if currentMode != nil { armTimer(for: currentMode) }
+        } else {
+            wakeUp()
+        }
+    }
+
+    private func handleDescriptorEvent(token: UInt64, mask: UInt32, mode: PKRunLoopMode) -> Bool {
+        guard let source = descriptorSources[token] else { return false }
+        guard source.modes.contains(mode) else {
+            // Ready, but not in this mode: stop watching until a run in one of its modes.
+            unregister(source)
+            parkedSources.insert(token)
+            return false
+        }
+        source.handler(PKDescriptorSource.events(fromEpoll: mask))
+        return true
+    }
+
+    func notifyObservers(_ activity: PKRunLoopActivity, _ mode: PKRunLoopMode) {
+        guard let observers = modeItems[mode]?.observers, !observers.isEmpty else { return }
+        for observer in observers { observer.call(activity) }
+    }
+
+    // MARK: - Thread end
+
+    /// Called when the owning thread ends: every item leaves the loop (ports invalidate).
+    func threadDidExit() {
+        threadEnded = true
+        for mode in Array(modeItems.keys) {
+            for source in modeItems[mode]?.customSources ?? [] { source.invalidate() }
+            for timer in modeItems[mode]?.timers ?? [] { timer.invalidate() }
+            for observer in modeItems[mode]?.observers ?? [] { observer.invalidate() }
+            purgeInvalid(mode)
+        }
+        for source in Array(descriptorSources.values) { removeDescriptorSourceEverywhere(source) }
+        modeItems = [:]
+        commonItems = ModeItems()
+        performQueue.withLock { $0.removeAll() }
+    }
+}

@@ -1,0 +1,49 @@
+// A run-loop observer (CFRunLoopObserver): called at chosen points of each pass.
+
+import Synchronization
+
+/// An observer of a run loop's activities (`CFRunLoopObserver`).
+///
+/// Observers of a mode are called in ascending `order` at the activities they watch while the
+/// loop runs that mode. A non-repeating observer is invalidated after its first call.
+/// `invalidate()` is safe from any thread.
+public final class PKRunLoopObserver: @unchecked Sendable {
+    /// The activities this observer watches.
+    public let activities: PKRunLoopActivity
+    /// Whether the observer stays after its first call.
+    public let repeats: Bool
+    /// Observers with a lower order are called first.
+    public let order: Int
+    /// Whether the observer will still be called.
+    public var isValid: Bool { valid.load(ordering: .acquiring) }
+
+    private let handler: (PKRunLoopObserver, PKRunLoopActivity) -> Void
+    private let valid = Atomic<Bool>(true)
+    weak var loop: PKRunLoop?
+
+    /// An observer (`CFRunLoopObserverCreateWithHandler`).
+    ///
+    /// - Parameters:
+    ///   - activities: the activities to watch.
+    ///   - repeats: `false` to be called once only.
+    ///   - order: the position among the mode's observers; lower first.
+    ///   - handler: called on the loop's thread with the activity that happened.
+    public init(
+        activities: PKRunLoopActivity, repeats: Bool = true, order: Int = 0,
+        handler: @escaping (PKRunLoopObserver, PKRunLoopActivity) -> Void
+    ) {
+        self.activities = activities
+        self.repeats = repeats
+        self.order = order
+        self.handler = handler
+    }
+
+    /// Stops the observer for good and removes it from its loop. Safe from any thread.
+    public func invalidate() { valid.store(false, ordering: .releasing) }
+
+    func call(_ activity: PKRunLoopActivity) {
+        guard isValid, activities.contains(activity) else { return }
+        if !repeats { invalidate() }
+        handler(self, activity)
+    }
+}

@@ -1,0 +1,57 @@
+// The one way PortKit runs a system call: EINTR is retried, EAGAIN becomes "would block" on
+// non-blocking descriptors, EBADF and EFAULT trap (they are bugs, not the environment), and
+// every other failure throws a `PKError` naming the call and errno.
+//
+// Nothing outside `System/` imports Glibc's I/O calls or the CPortKit shim.
+
+import CPortKit
+import Glibc
+
+/// The outcome of a call on a non-blocking descriptor.
+enum IOResult<Value> {
+    case done(Value)
+    case wouldBlock
+}
+
+enum SystemCall {
+    /// Runs `body` until it stops failing with `EINTR`; returns its non-negative result.
+    ///
+    /// - Throws: `PKError` with `.system` and the errno for any failure other than `EINTR`.
+    @inline(__always)
+    static func run<T: FixedWidthInteger>(
+        _ name: StaticString, _ body: () -> T
+    ) throws(PKError) -> T {
+        while true {
+            let result = body()
+            if result >= 0 { return result }
+            let err = errno
+            if err == EINTR { continue }
+            preconditionNotABug(err, name)
+            throw PKError.system(name, errno: err)
+        }
+    }
+
+    /// Like `run`, for non-blocking descriptors: `EAGAIN`/`EWOULDBLOCK` is `.wouldBlock`.
+    @inline(__always)
+    static func nonBlocking<T: FixedWidthInteger>(
+        _ name: StaticString, _ body: () -> T
+    ) throws(PKError) -> IOResult<T> {
+        while true {
+            let result = body()
+            if result >= 0 { return .done(result) }
+            let err = errno
+            if err == EINTR { continue }
+            if err == EAGAIN || err == EWOULDBLOCK { return .wouldBlock }
+            preconditionNotABug(err, name)
+            throw PKError.system(name, errno: err)
+        }
+    }
+
+    @inline(__always)
+    static func preconditionNotABug(_ err: Int32, _ name: StaticString) {
+        if err == EBADF || err == EFAULT {
+            let what = err == EBADF ? "EBADF: a descriptor was used after it was closed" : "EFAULT"
+            preconditionFailure("PortKit bug: \(name) failed with \(what)")
+        }
+    }
+}
