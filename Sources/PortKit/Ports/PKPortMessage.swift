@@ -1,0 +1,60 @@
+// A port message (NSPortMessage): a msgid, ordered data and port components, a reply port.
+
+/// One component of a port message: bytes, or a port (`NSPortMessage`'s `components` array
+/// of `NSData` and `NSPort`).
+public enum PKPortComponent: Sendable {
+    /// Bytes, delivered exactly as sent (any length, zero included).
+    case data([UInt8])
+    /// A send right to a port; the receiver gets a working send right to the same port.
+    case port(PKSendPort)
+
+    /// The bytes, if this is a data component.
+    public var data: [UInt8]? { if case .data(let bytes) = self { bytes } else { nil } }
+    /// The send right, if this is a port component.
+    public var port: PKSendPort? { if case .port(let port) = self { port } else { nil } }
+}
+
+/// A message sent to a port (`NSPortMessage`, the message of `CFMessagePortSendRequest`).
+///
+/// `msgid` is the application's message identifier (the guide's check-in is 100). The
+/// components arrive in order. `replyPort` is the port the receiver should answer to: for an
+/// incoming message it is exactly the port the sender chose (`-[NSPortMessage sendPort]` of a
+/// received message, which Foundation's `SocketPort` loses on Linux and PortKit does not).
+public struct PKPortMessage: Sendable {
+    /// The message identifier (`-[NSPortMessage msgid]`).
+    public var msgid: UInt32
+    /// The data and port components, in order.
+    public var components: [PKPortComponent]
+    /// Where replies go, if the sender wants any.
+    public var replyPort: PKSendPort?
+
+    /// A message.
+    ///
+    /// - Parameters:
+    ///   - msgid: the message identifier.
+    ///   - components: data and ports, delivered in this order.
+    ///   - replyPort: the port the receiver should answer to (the guide passes its own port).
+    public init(msgid: UInt32, components: [PKPortComponent] = [], replyPort: PKSendPort? = nil) {
+        self.msgid = msgid
+        self.components = components
+        self.replyPort = replyPort
+    }
+
+    /// A message whose one component is `bytes`.
+    public init(msgid: UInt32, data bytes: [UInt8], replyPort: PKSendPort? = nil) {
+        self.init(msgid: msgid, components: [.data(bytes)], replyPort: replyPort)
+    }
+
+    /// The bytes of every data component, concatenated.
+    public var data: [UInt8] {
+        var bytes: [UInt8] = []
+        for case .data(let chunk) in components { bytes.append(contentsOf: chunk) }
+        return bytes
+    }
+
+    /// The data components decoded as UTF-8 text (invalid sequences repaired).
+    public var text: String { String(decoding: data, as: UTF8.self) }
+
+    /// The port components, in order.
+    public var ports: [PKSendPort] { components.compactMap(\.port) }
+}

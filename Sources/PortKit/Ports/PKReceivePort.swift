@@ -1,0 +1,321 @@
+// A receive port: a run-loop input source that delivers port messages to a handler on its
+// loop's thread. Any number of connections (senders) feed it; each is read by a descriptor
+// source in the port's modes and decoded by its own `WireDecoder`.
+
+import Logging
+import Synchronization
+
+/// A receive port (`NSMachPort`/`NSMessagePort` as a local port, a local `CFMessagePort`).
+///
+/// Schedule it on a run loop with `PKRunLoop.add(_:forMode:)` (`-[NSRunLoop addPort:forMode:]`);
+/// while the loop runs one of its modes, each message that arrives is passed to `handler` on
+/// the loop's thread (the delegate's `handlePortMessage:`). Hand out send rights with
+/// `makeSendRight()` or by putting them in messages; any number of senders may feed one port.
+///
+/// The port becomes invalid when `invalidate()` is called or its loop's thread ends; then
+/// every connection is closed, every sender sees its send right become invalid, and
+/// `onInvalidation` runs once on the loop's thread. When the last sender leaves, `onNoSenders`
+/// runs (as Mach's no-senders notification; the port stays valid).
+///
+/// - Warning: A port belongs to the loop it is first scheduled on. The handlers, scheduling and
+///   the settable properties are loop-only; `makeSendRight()`, `isValid` and `invalidate()` are
+///   safe from any thread.
+public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
+    /// The limits the port enforces on what it receives.
+    public let limits: PKPortLimits
+
+    /// Called on the loop's thread with each message (`handlePortMessage:`).
+    public var handler: (PKPortMessage) -> Void
+
+    /// Called once on the loop's thread when the port becomes invalid.
+    public var onInvalidation: (() -> Void)?
+
+    /// Called on the loop's thread each time the number of connected senders drops to zero.
+    public var onNoSenders: (() -> Void)?
+
+    /// The loop the port is scheduled on, once it is.
+    public var runLoop: PKRunLoop? { shared.withLock { $0.loop } }
+
+    /// Whether the port can still receive. Safe from any thread.
+    public var isValid: Bool { shared.withLock { $0.isValid } }
+
+    /// State shared with other threads.
+    private struct Shared {
+        var isValid = true
+        var loop: PKRunLoop?
+        /// Read ends handed over by other threads, adopted on the loop's thread.
+        var pendingAdoptions: [Int32] = []
+        /// The connection behind local send rights, made on first use.
+        var localConnection: SendConnection?
+        var invalidationRequested = false
+    }
+    private let shared = Mutex<Shared>(Shared())
+
+    // Loop-only state.
+    private var modes: [PKRunLoopMode] = []
+    private var connections: [ObjectIdentifier: ReceiveConnection] = [:]
+    private var adopter: PKCustomSource!
+    private var isDelivering = false
+    private var invalidationDelivered = false
+    private var readBuffer: ReadScratch
+    let logger = Logger(label: "PortKit.PKReceivePort")
+
+    /// A receive port.
+    ///
+    /// - Parameters:
+    ///   - limits: what the port accepts from senders.
+    ///   - handler: called on the loop's thread with each message.
+    public init(limits: PKPortLimits = .default, handler: @escaping (PKPortMessage) -> Void = { _ in }) {
+        self.limits = limits
+        self.handler = handler
+        self.readBuffer = ReadScratch(maxDescriptors: limits.maxDescriptors)
+        self.adopter = PKCustomSource(
+            cancel: { [weak self] _, _ in self?.adopterCancelled() },
+            perform: { [weak self] in self?.performDeferredWork() }
+        )
+    }
+
+    deinit {
+        for connection in connections.values { connection.close() }
+        for fd in shared.withLock({ $0.pendingAdoptions }) { Descriptor.close(fd) }
+    }
+
+    public var description: String { "PKReceivePort(\(ObjectIdentifier(self)), \(connections.count) senders)" }
+
+    // MARK: - Send rights
+
+    /// A send right to this port, for this process's threads or to put in a message
+    /// (`+[NSMachPort port]` used as a remote port). Safe from any thread.
+    ///
+    /// The right lives as long as the port; the connection behind it is made when it is first
+    /// used to send, and is shared by every right `makeSendRight()` returns.
+    public func makeSendRight() -> PKSendPort { PKSendPort(local: self) }
+
+    /// The connection behind local send rights.
+    func localConnection() throws(PKError) -> SendConnection {
+        let (connection, created) = try shared.withLock { state throws(PKError) -> (SendConnection, Bool) in
+            guard state.isValid else { throw PKError(.invalidPort, "cannot send: the receive port was invalidated") }
+            if let connection = state.localConnection { return (connection, false) }
+            let (readEnd, writeEnd) = try Socket.pair()
+            do throws(PKError) { try ConnectionSetup.writeGreeting(writeEnd) } catch {
+                Descriptor.close(readEnd)
+                Descriptor.close(writeEnd)
+                throw error
+            }
+            let connection = SendConnection(takingOwnershipOf: writeEnd, localReceiver: self)
+            state.localConnection = connection
+            state.pendingAdoptions.append(readEnd)
+            return (connection, true)
+        }
+        if created { adoptionQueued() }
+        return connection
+    }
+
+    /// A new connection to this port, as a descriptor to attach to a message.
+    func makeTransferDescriptor() throws(PKError) -> Int32 {
+        let (readEnd, writeEnd) = try Socket.pair()
+        do throws(PKError) { try ConnectionSetup.writeGreeting(writeEnd) } catch {
+            Descriptor.close(readEnd)
+            Descriptor.close(writeEnd)
+            throw error
+        }
+        adoptFromAnyThread(readEnd)
+        return writeEnd
+    }
+
+    /// Takes ownership of `fd`, the read end of a new connection, from any thread.
+    func adoptFromAnyThread(_ fd: Int32) {
+        let accepted = shared.withLock { state in
+            guard state.isValid else { return false }
+            state.pendingAdoptions.append(fd)
+            return true
+        }
+        if accepted { adoptionQueued() } else { Descriptor.close(fd) }
+    }
+
+    private func adoptionQueued() {
+        guard let loop = runLoop else { return }  // adopted when first scheduled
+        if loop.isOwnedByCurrentThread { adoptPending() } else { adopter.signal(waking: loop) }
+    }
+
+    /// Whether the calling thread runs this port's loop.
+    var isOwnedByCurrentThread: Bool { runLoop?.isOwnedByCurrentThread ?? false }
+
+    // MARK: - Scheduling
+
+    func schedule(on loop: PKRunLoop, mode: PKRunLoopMode) throws(PKError) {
+        let bound: PKRunLoop? = shared.withLock { state in
+            if state.loop == nil, state.isValid { state.loop = loop }
+            return state.loop
+        }
+        guard isValid else { throw PKError(.invalidPort, "cannot schedule an invalidated port") }
+        precondition(bound === loop, "PKRunLoop.add(_:forMode:): a receive port belongs to the run loop it was first scheduled on")
+        if !modes.contains(mode) { modes.append(mode) }
+        loop.add(adopter, forMode: mode)
+        for connection in connections.values { try loop.add(connection.source, forMode: mode) }
+        adoptPending()
+    }
+
+    func unschedule(from loop: PKRunLoop, mode: PKRunLoopMode) {
+        guard runLoop === loop else { return }
+        modes.removeAll { $0 == mode }
+        loop.remove(adopter, forMode: mode)
+        for connection in connections.values { connection.leave(loop, mode: mode) }
+    }
+
+    // MARK: - Invalidation
+
+    /// Invalidates the port (`-[NSPort invalidate]`, `CFMessagePortInvalidate`): every connection
+    /// closes, senders see their rights become invalid, and `onInvalidation` runs once on the
+    /// loop's thread. Messages not yet delivered are dropped. Safe from any thread.
+    public func invalidate() {
+        let (loop, wasValid) = shared.withLock { state in
+            let wasValid = state.isValid
+            state.isValid = false
+            state.invalidationRequested = true
+            return (state.loop, wasValid)
+        }
+        guard wasValid else { return }
+        if let loop, !loop.isOwnedByCurrentThread {
+            adopter.signal(waking: loop)
+        } else {
+            finishInvalidation()
+        }
+    }
+
+    private func adopterCancelled() {
+        // The adopter leaves a mode when the port is unscheduled (nothing to do) or for good
+        // when the loop's thread ends (the port dies with it).
+        if !adopter.isValid { invalidate() }
+    }
+
+    private func performDeferredWork() {
+        if shared.withLock({ $0.invalidationRequested }) { finishInvalidation() } else { adoptPending() }
+    }
+
+    private func finishInvalidation() {
+        guard !invalidationDelivered else { return }
+        invalidationDelivered = true
+        let (pending, local) = shared.withLock { state in
+            defer { state.pendingAdoptions = []; state.localConnection = nil }
+            return (state.pendingAdoptions, state.localConnection)
+        }
+        for fd in pending { Descriptor.close(fd) }
+        local?.invalidate(reason: "the receive port was invalidated")
+        let closing = connections.values
+        connections = [:]
+        for connection in closing { connection.close() }
+        if let loop = runLoop, loop.isOwnedByCurrentThread {
+            for mode in modes { loop.remove(adopter, forMode: mode) }
+        }
+        adopter.invalidate()
+        modes = []
+        let callback = onInvalidation
+        onInvalidation = nil
+        onNoSenders = nil
+        callback?()
+    }
+
+    // MARK: - Connections
+
+    private func adoptPending() {
+        guard let loop = runLoop, isValid else { return }
+        let fds = shared.withLock { state in
+            defer { state.pendingAdoptions = [] }
+            return state.pendingAdoptions
+        }
+        for fd in fds { adopt(fd, on: loop) }
+    }
+
+    private func adopt(_ fd: Int32, on loop: PKRunLoop) {
+        let connection = ReceiveConnection(takingOwnershipOf: fd, limits: limits.wire)
+        connection.source = PKDescriptorSource(descriptor: fd, events: .readable) { [unowned self, unowned connection] events in
+            self.handle(events, on: connection)
+        }
+        do throws(PKError) {
+            for mode in modes { try loop.add(connection.source, forMode: mode) }
+        } catch {
+            logger.warning("dropping a new connection: \(error)")
+            connection.close()
+            return
+        }
+        connections[ObjectIdentifier(connection)] = connection
+    }
+
+    private func handle(_ events: PKIOEvents, on connection: ReceiveConnection) {
+        guard connections[ObjectIdentifier(connection)] != nil else { return }
+        if connection.readingPaused {
+            // Back-pressure: the queue is full. A hang-up is remembered by no longer watching;
+            // reading resumes (and finds the end of the stream) once the queue drains.
+            if events.contains(.hangUp) || events.contains(.error) { connection.source.events = [] }
+            deliverQueuedMessages()
+            return
+        }
+        let outcome = connection.read(into: &readBuffer)
+        switch outcome {
+        case .more, .paused:
+            break
+        case .endOfStream:
+            connection.finished = true
+        case .failed(let error):
+            logger.notice("closing a connection that broke the protocol: \(error)")
+            drop(connection)
+            return
+        }
+        if connection.hasGreeting == false, connection.needsPeerCheck {
+            if let error = connection.checkPeer() {
+                logger.notice("refusing a connection: \(error)")
+                drop(connection)
+                return
+            }
+        }
+        adoptAttachedSenders(connection)
+        deliverQueuedMessages()
+        if connection.finished && !connection.hasQueuedMessages { drop(connection) }
+    }
+
+    private func adoptAttachedSenders(_ connection: ReceiveConnection) {
+        guard !connection.attached.isEmpty, let loop = runLoop else { return }
+        let fds = connection.attached
+        connection.attached = []
+        for fd in fds { adopt(fd, on: loop) }
+    }
+
+    private func deliverQueuedMessages() {
+        guard !isDelivering else { return }
+        isDelivering = true
+        defer { isDelivering = false }
+        var progressed = true
+        while progressed && isValid {
+            progressed = false
+            for connection in Array(connections.values) where connection.hasQueuedMessages {
+                guard let message = connection.dequeue() else { continue }
+                progressed = true
+                handler(message)
+                if !isValid { return }
+            }
+        }
+        for connection in Array(connections.values) {
+            connection.resumeIfDrained()
+            if connection.finished && !connection.hasQueuedMessages { drop(connection) }
+        }
+    }
+
+    /// Reads what every connection has waiting into its queue without delivering, to make room
+    /// for a sender on this very thread. Returns whether anything was read.
+    func drainConnectionsIntoQueues() -> Bool {
+        var progressed = false
+        for connection in Array(connections.values) where !connection.readingPaused {
+            if case .more = connection.read(into: &readBuffer) { progressed = true }
+        }
+        return progressed
+    }
+
+    private func drop(_ connection: ReceiveConnection) {
+        guard connections.removeValue(forKey: ObjectIdentifier(connection)) != nil else { return }
+        connection.close()
+        if connections.isEmpty && shared.withLock({ $0.pendingAdoptions.isEmpty }) && isValid {
+            onNoSenders?()
+        }
+    }
+}

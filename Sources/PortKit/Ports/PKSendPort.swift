@@ -1,0 +1,296 @@
+// A send right: a Sendable handle on a connection to a receive port, usable from any thread.
+
+import Synchronization
+
+/// A send right to a port (`NSPort` as a remote port, a remote `CFMessagePort`).
+///
+/// A cheap, `Sendable` value: copy it, store it, use it from any thread. Under it is one
+/// connected socket to the port's owner (one end of a `socketpair` within a process, a
+/// connection to a named socket across processes). Messages sent through one send right arrive
+/// in order and never interleave with another sender's, even when threads share it.
+///
+/// A send right becomes invalid when its receive port is invalidated, the port's owner (thread
+/// or process) goes away, the connection breaks, or `invalidate()` is called. Sending to an
+/// invalid port throws `PKError` with `.invalidPort`; it never raises SIGPIPE.
+///
+/// Two send rights are equal when they share one connection (copies of one value).
+public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
+    /// A connection of its own, or (for a right made in the port's own process) the port, whose
+    /// shared local connection is made on first use.
+    enum Storage: Sendable {
+        case connection(SendConnection)
+        case local(PKReceivePort)
+    }
+    let storage: Storage
+
+    init(connection: SendConnection) { self.storage = .connection(connection) }
+    init(local port: PKReceivePort) { self.storage = .local(port) }
+
+    /// The connection messages go through.
+    var connection: SendConnection {
+        get throws(PKError) {
+            switch storage {
+            case .connection(let connection): return connection
+            case .local(let port): return try port.localConnection()
+            }
+        }
+    }
+
+    /// A descriptor to attach to a message so that its receiver gets a send right of its own.
+    func makeTransferDescriptor(before deadline: PKDeadline) throws(PKError) -> Int32 {
+        switch storage {
+        case .connection(let connection): return try connection.makeTransferDescriptor(before: deadline)
+        case .local(let port): return try port.makeTransferDescriptor()
+        }
+    }
+
+    /// Sends `message`, waiting while the receiver's queue is full until `deadline`
+    /// (`-[NSPortMessage sendBeforeDate:]`, `-[NSPort sendBeforeDate:msgid:components:from:reserved:]`).
+    ///
+    /// A message is queued whole or not at all: if the deadline passes before any of it is
+    /// queued, nothing is sent. If it passes with part of a message queued, the connection is
+    /// closed (the receiver discards the partial message) and this send right becomes invalid.
+    /// A sender running on the receive port's own loop thread never waits for itself: when the
+    /// queue is full there, the send fails at once.
+    ///
+    /// - Parameters:
+    ///   - message: the message; its ports travel as send rights to the same ports.
+    ///   - deadline: how long a full queue may hold the sender; `.now` never waits.
+    /// - Throws: `PKError` with `.sendTimedOut`, `.invalidPort` (the port is or became invalid),
+    ///   `.limitExceeded` (the message is over the limits), or `.transport`.
+    public func send(_ message: PKPortMessage, before deadline: PKDeadline) throws(PKError) {
+        var transfers: [Int32] = []
+        defer { for fd in transfers { Descriptor.close(fd) } }
+        var components: [WireComponent] = []
+        components.reserveCapacity(message.components.count)
+        var dataBytes = 0
+        if let reply = message.replyPort {
+            transfers.append(try reply.makeTransferDescriptor(before: deadline))
+        }
+        for component in message.components {
+            switch component {
+            case .data(let bytes):
+                dataBytes += bytes.count
+                components.append(.data(bytes))
+            case .port(let port):
+                transfers.append(try port.makeTransferDescriptor(before: deadline))
+                components.append(.port)
+            }
+        }
+        let limits = PKPortLimits.default
+        if transfers.count > limits.maxDescriptors {
+            throw PKError(.limitExceeded, "a message carries at most \(limits.maxDescriptors) ports, reply port included; this one has \(transfers.count)")
+        }
+        if dataBytes > limits.maxMessageBytes {
+            throw PKError(.limitExceeded, "a message carries at most \(limits.maxMessageBytes) data bytes; this one has \(dataBytes)")
+        }
+        if components.count > limits.maxComponents {
+            throw PKError(.limitExceeded, "a message has at most \(limits.maxComponents) components; this one has \(components.count)")
+        }
+        let frame = WireFrame(msgid: message.msgid, hasReplyPort: message.replyPort != nil, components: components)
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(WireEncoder.encodedSize(of: frame))
+        WireEncoder.append(frame, to: &bytes)
+        try connection.write(bytes, descriptors: transfers, before: deadline)
+    }
+
+    /// The descriptor under this right, for watching its hang-up.
+    var watchableConnection: SendConnection? {
+        if case .connection(let connection) = storage { return connection }
+        return nil
+    }
+
+    /// Sends `message`, waiting at most `timeout` for room in the receiver's queue.
+    public func send(_ message: PKPortMessage, timeout: Duration) throws(PKError) {
+        try send(message, before: .after(timeout))
+    }
+
+    /// Sends a message made of `msgid`, `components` and a reply port
+    /// (`-[NSPort sendBeforeDate:msgid:components:from:reserved:]`).
+    public func send(
+        msgid: UInt32, components: [PKPortComponent] = [], replyPort: PKSendPort? = nil,
+        before deadline: PKDeadline
+    ) throws(PKError) {
+        try send(PKPortMessage(msgid: msgid, components: components, replyPort: replyPort), before: deadline)
+    }
+
+    /// Whether the port can still receive: false once the receive port is gone or this right
+    /// was invalidated (`-[NSPort isValid]`). Safe from any thread.
+    public var isValid: Bool {
+        switch storage {
+        case .connection(let connection): connection.isValid
+        case .local(let port): port.isValid
+        }
+    }
+
+    /// Gives up this send right and every copy of it (`-[NSPort invalidate]` on a remote port).
+    /// The receive port sees this sender leave. Safe from any thread.
+    ///
+    /// A right that `PKReceivePort.makeSendRight()` made in the port's own thread or process
+    /// lives as long as the port: invalidating it does nothing; invalidate the port instead.
+    public func invalidate() {
+        if case .connection(let connection) = storage { connection.invalidate(reason: "the send right was invalidated") }
+    }
+
+    public var description: String {
+        switch storage {
+        case .connection(let connection): "PKSendPort(fd \(connection.fd)\(isValid ? "" : ", invalid"))"
+        case .local(let port): "PKSendPort(local \(port))"
+        }
+    }
+
+    private var identity: ObjectIdentifier {
+        switch storage {
+        case .connection(let connection): ObjectIdentifier(connection)
+        case .local(let port): ObjectIdentifier(port)
+        }
+    }
+
+    public static func == (lhs: PKSendPort, rhs: PKSendPort) -> Bool { lhs.identity == rhs.identity }
+    public func hash(into hasher: inout Hasher) { hasher.combine(identity) }
+}
+
+/// The writing end of one connection to a receive port. Owns its descriptor; every write
+/// happens under `lock`, so one message is never interleaved with another.
+final class SendConnection: @unchecked Sendable {
+    let fd: Int32
+    /// The receive port, when it lives in this process and this connection was made for it here.
+    weak let localReceiver: PKReceivePort?
+    private let lock = Mutex<State>(State())
+
+    struct State {
+        var invalidReason: String?
+    }
+
+    /// Takes ownership of `fd`, a connected stream socket whose greeting was already written.
+    init(takingOwnershipOf fd: Int32, localReceiver: PKReceivePort? = nil) {
+        self.fd = fd
+        self.localReceiver = localReceiver
+    }
+
+    deinit { Descriptor.close(fd) }
+
+    var isValid: Bool {
+        lock.withLock { state in
+            if state.invalidReason != nil { return false }
+            if Socket.peerHasHungUp(fd) {
+                state.invalidReason = "the receive port is gone"
+                return false
+            }
+            return true
+        }
+    }
+
+    func invalidate(reason: String) {
+        lock.withLock { state in
+            guard state.invalidReason == nil else { return }
+            state.invalidReason = reason
+            Socket.shutdown(fd)
+        }
+    }
+
+    /// Writes one whole frame with its descriptors attached to its first byte.
+    func write(_ bytes: [UInt8], descriptors: [Int32], before deadline: PKDeadline) throws(PKError) {
+        try lock.withLock { state throws(PKError) in
+            if let reason = state.invalidReason {
+                throw PKError(.invalidPort, "cannot send: \(reason)")
+            }
+            var offset = 0
+            var attach = descriptors
+            while offset < bytes.count {
+                let result: IOResult<Int>
+                do throws(PKError) {
+                    result = try Socket.send(fd, bytes, from: offset, descriptors: attach)
+                } catch {
+                    if Socket.isPeerGone(error.errno) {
+                        markInvalid(&state, "the receive port is gone")
+                        throw PKError(.invalidPort, "cannot send: the receive port is gone")
+                    }
+                    markInvalid(&state, "the connection failed: \(error)")
+                    throw PKError(.transport, "sending failed; the connection was closed", call: error.call, errno: error.errno)
+                }
+                switch result {
+                case .done(let n):
+                    offset += n
+                    attach = []
+                case .wouldBlock:
+                    try waitForRoom(&state, startedMessage: offset > 0, deadline: deadline)
+                }
+            }
+        }
+    }
+
+    /// Waits until the socket takes more bytes, or fails the send.
+    private func waitForRoom(_ state: inout State, startedMessage: Bool, deadline: PKDeadline) throws(PKError) {
+        if let receiver = localReceiver, receiver.isOwnedByCurrentThread {
+            // The receiver runs on this thread: waiting would wait for ourselves. Let it take
+            // what it can into its queue; if that makes no room, the queue is full for good.
+            if receiver.drainConnectionsIntoQueues() { return }
+            if startedMessage { markInvalid(&state, "the receiver's queue filled in the middle of a message") }
+            throw PKError(.sendTimedOut, "the receive port's queue is full and it runs on this very thread, so waiting cannot help")
+        }
+        let outcome: Socket.WaitResult
+        do { outcome = try Socket.waitWritable(fd, until: deadline) } catch {
+            markInvalid(&state, "waiting to send failed: \(error)")
+            throw PKError(.transport, "waiting to send failed", call: error.call, errno: error.errno)
+        }
+        switch outcome {
+        case .writable: return
+        case .hangUp:
+            markInvalid(&state, "the receive port is gone")
+            throw PKError(.invalidPort, "cannot send: the receive port is gone")
+        case .timedOut:
+            if startedMessage {
+                markInvalid(&state, "a send timed out in the middle of a message")
+                throw PKError(.sendTimedOut, "the send deadline passed in the middle of a message; the connection was closed and the receiver discards the partial message")
+            }
+            throw PKError(.sendTimedOut, "the receive port's queue stayed full until the send deadline; nothing was sent")
+        }
+    }
+
+    private func markInvalid(_ state: inout State, _ reason: String) {
+        guard state.invalidReason == nil else { return }
+        state.invalidReason = reason
+        Socket.shutdown(fd)
+    }
+
+    /// A fresh connection to this connection's receive port, as a descriptor to attach to a
+    /// message: the receiver gets a send right of its own to the same port. The caller owns
+    /// (and closes, after sending) the returned descriptor.
+    func makeTransferDescriptor(before deadline: PKDeadline) throws(PKError) -> Int32 {
+        let (readEnd, writeEnd) = try Socket.pair()
+        do throws(PKError) {
+            try ConnectionSetup.writeGreeting(writeEnd)
+            if let receiver = localReceiver {
+                receiver.adoptFromAnyThread(readEnd)
+            } else {
+                // Ask the port's owner to adopt the read end, in order on this connection.
+                defer { Descriptor.close(readEnd) }
+                var bytes: [UInt8] = []
+                WireEncoder.append(WireFrame.attachSender(), to: &bytes)
+                try write(bytes, descriptors: [readEnd], before: deadline)
+            }
+            return writeEnd
+        } catch {
+            Descriptor.close(writeEnd)
+            throw error
+        }
+    }
+}
+
+/// How a connection starts: the sender's greeting.
+enum ConnectionSetup {
+    static let greeting: [UInt8] = {
+        var bytes: [UInt8] = []
+        WireEncoder.appendGreeting(.current(pid: UInt32(bitPattern: ThreadIdentity.processID), uid: Socket.effectiveUserID), to: &bytes)
+        return bytes
+    }()
+
+    /// Writes the greeting on a fresh socket (it always fits in an empty socket buffer).
+    static func writeGreeting(_ fd: Int32) throws(PKError) {
+        let result = try Socket.send(fd, greeting, from: 0, descriptors: [])
+        guard case .done(let n) = result, n == greeting.count else {
+            throw PKError(.transport, "could not write the greeting on a new connection")
+        }
+    }
+}

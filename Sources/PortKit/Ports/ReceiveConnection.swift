@@ -1,0 +1,198 @@
+// The reading end of one connection to a receive port: its socket, its decoder, and the queue
+// of messages read but not yet delivered (bounded by the port's limits: past them reading
+// pauses, while hang-up stays watched).
+
+/// A scratch area for `recvmsg`'s control data, one per port.
+struct ReadScratch {
+    let control: UnsafeMutableRawBufferPointer
+    let maxDescriptors: Int
+
+    init(maxDescriptors: Int) {
+        self.maxDescriptors = maxDescriptors
+        // Room for one more descriptor than allowed, so an excess shows as "too many", not lost.
+        let space = Socket.controlSpace(descriptors: maxDescriptors + 1)
+        control = UnsafeMutableRawBufferPointer.allocate(byteCount: space, alignment: 8)
+    }
+}
+
+final class ReceiveConnection {
+    let fd: Int32
+    var decoder: WireDecoder
+    var source: PKDescriptorSource!
+    private var queue: [PKPortMessage] = []
+    private var queueHead = 0
+    private var queuedBytes = 0
+    private let maxQueuedMessages: Int
+    private let maxQueuedBytes: Int
+    /// Read ends announced by ATTACH_SENDER control frames, for the port to adopt.
+    var attached: [Int32] = []
+    var hasGreeting = false
+    var needsPeerCheck = true
+    var readingPaused = false
+    var finished = false
+    private var closed = false
+
+    static let readChunk = 64 * 1024
+
+    enum ReadOutcome {
+        case more
+        case paused
+        case endOfStream
+        case failed(String)
+
+        var failure: String? { if case .failed(let text) = self { text } else { nil } }
+    }
+
+    /// Takes ownership of `fd`, the read end of a connection.
+    init(takingOwnershipOf fd: Int32, limits: WireLimits, maxQueuedMessages: Int = PKPortLimits.default.maxQueuedMessages,
+         maxQueuedBytes: Int = PKPortLimits.default.maxQueuedBytes) {
+        self.fd = fd
+        self.decoder = WireDecoder(limits: limits)
+        self.maxQueuedMessages = maxQueuedMessages
+        self.maxQueuedBytes = maxQueuedBytes
+    }
+
+    deinit { assert(closed, "PortKit bug: a ReceiveConnection was dropped without close()") }
+
+    /// Removes the source from its loop and closes the socket and every descriptor not yet handed out.
+    func close() {
+        guard !closed else { return }
+        closed = true
+        source?.invalidate()
+        for fd in decoder.takeAllDescriptors() { Descriptor.close(fd) }
+        for fd in attached { Descriptor.close(fd) }
+        attached = []
+        queue = []
+        Descriptor.close(fd)
+    }
+
+    func leave(_ loop: PKRunLoop, mode: PKRunLoopMode) {
+        // Keep the source alive in no mode: a descriptor source removed from its last mode
+        // leaves the loop for good, so re-adding needs the port's next schedule.
+        loop.remove(source, forMode: mode)
+    }
+
+    /// Reads once (up to `readChunk` bytes) and decodes what arrived into the queue.
+    func read(into scratch: inout ReadScratch) -> ReadOutcome {
+        guard !closed, !finished else { return .endOfStream }
+        var received: [Int32] = []
+        var truncated = false
+        var wouldBlock = false
+        let control = scratch.control
+        let maxDescriptors = scratch.maxDescriptors + 1
+        let count: Int
+        do throws(PKError) {
+            count = try decoder.appendBytes(upTo: Self.readChunk) { buffer throws(PKError) -> Int in
+                switch try Socket.receive(fd, into: buffer, maxDescriptors: maxDescriptors, control: control) {
+                case .wouldBlock:
+                    wouldBlock = true
+                    return 0
+                case .done(let got):
+                    received = got.descriptors
+                    truncated = got.truncated
+                    return got.byteCount
+                }
+            }
+        } catch {
+            return .failed("reading failed: \(error)")
+        }
+        if wouldBlock { return .more }
+        decoder.append(descriptors: received)
+        if truncated {
+            return .failed("the peer sent more descriptors than a message may carry, or the kernel truncated them (MSG_CTRUNC)")
+        }
+        if count == 0 {
+            // End of stream: clean only at a frame boundary with no stray descriptors.
+            if let failure = decodeAvailable().failure { return .failed(failure) }
+            do throws(WireError) { try decoder.finish() } catch {
+                return .failed(error.description)
+            }
+            return .endOfStream
+        }
+        return decodeAvailable()
+    }
+
+    private func decodeAvailable() -> ReadOutcome {
+        while true {
+            let event: WireEvent?
+            do throws(WireError) { event = try decoder.next() } catch {
+                return .failed(error.description)
+            }
+            guard let event else { break }
+            switch event {
+            case .greeting:
+                hasGreeting = true
+            case .frame(let frame, let descriptors):
+                if frame.isControl {
+                    // ATTACH_SENDER: the one descriptor is a new sender for this port.
+                    attached.append(contentsOf: descriptors)
+                    continue
+                }
+                enqueue(Self.message(from: frame, descriptors: descriptors))
+            }
+        }
+        if queue.count - queueHead >= maxQueuedMessages || queuedBytes >= maxQueuedBytes {
+            pauseReading()
+            return .paused
+        }
+        return .more
+    }
+
+    static func message(from frame: WireFrame, descriptors: [Int32]) -> PKPortMessage {
+        var next = descriptors.makeIterator()
+        let reply = frame.hasReplyPort ? next.next().map { PKSendPort(connection: SendConnection(takingOwnershipOf: $0)) } : nil
+        var components: [PKPortComponent] = []
+        components.reserveCapacity(frame.components.count)
+        for component in frame.components {
+            switch component {
+            case .data(let bytes): components.append(.data(bytes))
+            case .port:
+                // The decoder guarantees one descriptor per port component.
+                components.append(.port(PKSendPort(connection: SendConnection(takingOwnershipOf: next.next()!))))
+            }
+        }
+        return PKPortMessage(msgid: frame.msgid, components: components, replyPort: reply)
+    }
+
+    private func enqueue(_ message: PKPortMessage) {
+        queue.append(message)
+        queuedBytes += message.components.reduce(0) { $0 + ($1.data?.count ?? 0) }
+    }
+
+    func dequeue() -> PKPortMessage? {
+        guard queueHead < queue.count else { return nil }
+        let message = queue[queueHead]
+        queueHead += 1
+        queuedBytes -= message.components.reduce(0) { $0 + ($1.data?.count ?? 0) }
+        if queueHead == queue.count {
+            queue.removeAll(keepingCapacity: true)
+            queueHead = 0
+        }
+        return message
+    }
+
+    var hasQueuedMessages: Bool { queueHead < queue.count }
+
+    private func pauseReading() {
+        guard !readingPaused else { return }
+        readingPaused = true
+        // Still watch hang-up while paused; a hang-up seen then stops watching until resumed.
+        source.events = [.hangUp]
+    }
+
+    func resumeIfDrained() {
+        guard readingPaused, queue.count - queueHead < maxQueuedMessages, queuedBytes < maxQueuedBytes else { return }
+        readingPaused = false
+        source.events = .readable
+    }
+
+    /// Checks the peer's credentials: only the same user may connect.
+    func checkPeer() -> String? {
+        needsPeerCheck = false
+        guard let peer = try? Socket.peerCredentials(fd) else { return "cannot read the peer's credentials" }
+        if peer.uid != Socket.effectiveUserID {
+            return "the peer runs as uid \(peer.uid), not \(Socket.effectiveUserID)"
+        }
+        return nil
+    }
+}

@@ -1,0 +1,136 @@
+// Unix-domain socket calls: socketpair, sendmsg/recvmsg with SCM_RIGHTS, shutdown and peer
+// credentials. Every socket is close-on-exec and non-blocking; every send uses MSG_NOSIGNAL.
+
+import CPortKit
+import Glibc
+
+enum Socket {
+    /// A connected pair of stream sockets, both close-on-exec and non-blocking.
+    /// The corresponding system call is `socketpair(2)`.
+    static func pair() throws(PKError) -> (Int32, Int32) {
+        var fds: [Int32] = [-1, -1]
+        _ = try SystemCall.run("socketpair") {
+            socketpair(AF_UNIX, PK_SOCK_STREAM | PK_SOCK_CLOEXEC | PK_SOCK_NONBLOCK, 0, &fds)
+        }
+        return (fds[0], fds[1])
+    }
+
+    /// Sends `bytes` with `descriptors` attached, without blocking and without SIGPIPE.
+    /// The corresponding system call is `sendmsg(2)`.
+    static func send(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, descriptors: [Int32]) throws(PKError) -> IOResult<Int> {
+        var iov = iovec(iov_base: UnsafeMutableRawPointer(mutating: bytes.baseAddress), iov_len: bytes.count)
+        if descriptors.isEmpty {
+            return try SystemCall.nonBlocking("sendmsg") { pk_sendmsg_fds(fd, &iov, 1, nil, 0, nil) }
+        }
+        let space = pk_cmsg_space_fds(UInt32(descriptors.count))
+        let control = UnsafeMutableRawPointer.allocate(byteCount: space, alignment: 8)
+        defer { control.deallocate() }
+        let result: Result<IOResult<Int>, PKError> = descriptors.withUnsafeBufferPointer { fds in
+            Result { () throws(PKError) in
+                try SystemCall.nonBlocking("sendmsg") {
+                    pk_sendmsg_fds(fd, &iov, 1, fds.baseAddress, UInt32(fds.count), control)
+                }
+            }
+        }
+        return try result.get()
+    }
+
+    /// Sends `bytes[offset...]` with `descriptors` attached. See `send(_:_:descriptors:)`.
+    static func send(_ fd: Int32, _ bytes: [UInt8], from offset: Int, descriptors: [Int32]) throws(PKError) -> IOResult<Int> {
+        let result: Result<IOResult<Int>, PKError> = bytes.withUnsafeBytes { raw in
+            Result { () throws(PKError) in
+                try send(fd, UnsafeRawBufferPointer(rebasing: raw[offset...]), descriptors: descriptors)
+            }
+        }
+        return try result.get()
+    }
+
+    /// What one `receive` got.
+    struct Received {
+        var byteCount: Int
+        var descriptors: [Int32]
+        /// The kernel dropped descriptors (MSG_CTRUNC) or more arrived than allowed.
+        var truncated: Bool
+    }
+
+    /// Receives into `buffer` with up to `maxDescriptors` descriptors (close-on-exec); any
+    /// beyond that are closed and reported as `truncated`. The corresponding system call is `recvmsg(2)`.
+    static func receive(
+        _ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, maxDescriptors: Int,
+        control: UnsafeMutableRawBufferPointer
+    ) throws(PKError) -> IOResult<Received> {
+        var fds = [Int32](repeating: -1, count: maxDescriptors)
+        var count: UInt32 = 0
+        var truncated: Int32 = 0
+        let outcome: Result<IOResult<Int>, PKError> = fds.withUnsafeMutableBufferPointer { out in
+            Result { () throws(PKError) in
+                try SystemCall.nonBlocking("recvmsg") {
+                    pk_recvmsg_fds(fd, buffer.baseAddress, buffer.count, out.baseAddress, UInt32(maxDescriptors),
+                                   &count, &truncated, control.baseAddress, control.count)
+                }
+            }
+        }
+        switch try outcome.get() {
+        case .wouldBlock: return .wouldBlock
+        case .done(let n):
+            return .done(Received(byteCount: n, descriptors: Array(fds.prefix(Int(count))), truncated: truncated != 0))
+        }
+    }
+
+    /// The control-buffer size for `count` descriptors.
+    static func controlSpace(descriptors count: Int) -> Int { pk_cmsg_space_fds(UInt32(count)) }
+
+    /// Shuts both directions down: the peer sees end-of-file, and the descriptor stays allocated
+    /// (so no other thread can see its number reused) until it is closed.
+    /// The corresponding system call is `shutdown(2)`.
+    static func shutdown(_ fd: Int32) {
+        _ = Glibc.shutdown(fd, Int32(SHUT_RDWR))
+    }
+
+    /// The peer's process, user and group ids as the kernel reports them.
+    /// The corresponding system call is `getsockopt(2)` with `SO_PEERCRED`.
+    static func peerCredentials(_ fd: Int32) throws(PKError) -> (pid: Int32, uid: UInt32, gid: UInt32) {
+        var pid: pid_t = 0
+        var uid: uid_t = 0
+        var gid: gid_t = 0
+        _ = try SystemCall.run("getsockopt(SO_PEERCRED)") { pk_peer_credentials(fd, &pid, &uid, &gid) }
+        return (pid, uid, gid)
+    }
+
+    /// The calling process's effective user id. The corresponding call is `geteuid(2)`.
+    static var effectiveUserID: UInt32 { geteuid() }
+
+    /// Waits until `fd` is writable, the peer hangs up, or `deadline` passes.
+    /// - Returns: `.writable`, `.hangUp` or `.timedOut`.
+    static func waitWritable(_ fd: Int32, until deadline: PKDeadline) throws(PKError) -> WaitResult {
+        while true {
+            let now = monotonicNanoseconds()
+            let timeout = deadline.pollTimeoutMilliseconds(now: now)
+            if timeout == 0 && deadline.uptimeNanoseconds <= now {
+                let revents = try Descriptor.poll(fd, events: Int16(POLLOUT), timeoutMilliseconds: 0)
+                return classify(revents) ?? .timedOut
+            }
+            let revents = try Descriptor.poll(fd, events: Int16(POLLOUT), timeoutMilliseconds: timeout)
+            if let result = classify(revents) { return result }
+        }
+    }
+
+    /// Whether the peer of `fd` has hung up, without waiting.
+    static func peerHasHungUp(_ fd: Int32) -> Bool {
+        let revents = (try? Descriptor.poll(fd, events: Int16(POLLOUT), timeoutMilliseconds: 0)) ?? Int16(POLLERR)
+        return revents & Int16(POLLHUP | POLLERR) != 0
+    }
+
+    enum WaitResult { case writable, hangUp, timedOut }
+
+    private static func classify(_ revents: Int16) -> WaitResult? {
+        if revents & Int16(POLLHUP | POLLERR | POLLNVAL) != 0 { return .hangUp }
+        if revents & Int16(POLLOUT) != 0 { return .writable }
+        return nil
+    }
+
+    /// Whether an errno from a send means the peer is gone.
+    static func isPeerGone(_ errno: Int32?) -> Bool {
+        errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN
+    }
+}

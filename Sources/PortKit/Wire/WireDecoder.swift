@@ -1,0 +1,326 @@
+// The reading side of one connection as a pure state machine (`protocol.md`, "Connection
+// states"): awaiting-greeting -> open -> closed, or failed from either. The I/O driver feeds it
+// the bytes and descriptors each read returns and asks for events; the decoder never reads,
+// never closes a descriptor and never allocates for a length it has not checked.
+
+/// Turns the byte stream and the descriptors of one connection into greetings and frames.
+///
+/// Feed it what each read returned, bytes and descriptors, in any split (several frames at once,
+/// or a frame cut anywhere, even inside a header), then call `next()` until it returns `nil`:
+///
+/// ```swift
+/// let n = try decoder.appendBytes(upTo: 65536) { room in /* recvmsg into room */ }
+/// decoder.append(descriptors: received)        // before the next call to next()
+/// while let event = try decoder.next() { ... }
+/// ```
+///
+/// After a protocol error the decoder stays failed: every later `next()` throws the same error,
+/// bytes are discarded, and `takeAllDescriptors()` hands back every descriptor it holds so the
+/// caller can close them.
+struct WireDecoder {
+    /// Where the connection is in `protocol.md`'s state table.
+    enum Phase: Hashable, Sendable {
+        /// No complete greeting yet.
+        case awaitingGreeting
+        /// Greeted: the connection carries frames.
+        case open
+        /// A protocol error was found; the connection must be closed.
+        case failed
+        /// The stream ended cleanly (`finish()`).
+        case closed
+    }
+
+    private enum State {
+        case awaitingGreeting
+        case open
+        case failed(WireError)
+        case closed
+    }
+
+    /// The limits every frame is checked against.
+    let limits: WireLimits
+    private var state = State.awaitingGreeting
+    private var buffer = WireReadBuffer()
+    private var descriptors = WireDescriptorQueue()
+    /// The connection's greeting, once it has arrived.
+    private(set) var greeting: WireGreeting?
+
+    /// Makes a decoder for a new connection, awaiting its greeting.
+    init(limits: WireLimits = .default) {
+        self.limits = limits
+    }
+
+    /// Where the connection is.
+    var phase: Phase {
+        switch state {
+        case .awaitingGreeting: .awaitingGreeting
+        case .open: .open
+        case .failed: .failed
+        case .closed: .closed
+        }
+    }
+
+    /// The protocol error, once the decoder has failed.
+    var error: WireError? {
+        if case .failed(let error) = state { error } else { nil }
+    }
+
+    /// Bytes received and not yet consumed by a greeting or a frame.
+    var bufferedByteCount: Int { buffer.count }
+    /// Descriptors received and not yet handed out with a frame.
+    var pendingDescriptorCount: Int { descriptors.count }
+    /// Bytes the buffer holds allocated (for tests and diagnostics).
+    var bufferCapacity: Int { buffer.capacity }
+
+    // MARK: Input
+
+    /// Appends bytes read from the connection.
+    ///
+    /// Bytes arriving after a protocol error are discarded. Bytes after `finish()` are a
+    /// programmer error and trap (the stream has ended).
+    mutating func append(bytes: UnsafeRawBufferPointer) {
+        switch state {
+        case .awaitingGreeting, .open: buffer.append(bytes)
+        case .failed: break
+        case .closed: preconditionFailure("WireDecoder: bytes appended after finish()")
+        }
+    }
+
+    /// Lets `fill` read up to `maxCount` bytes straight into the decoder's buffer (for example as
+    /// the `iovec` of `recvmsg`), so bytes are not copied twice.
+    ///
+    /// - Parameters:
+    ///   - maxCount: the room to offer.
+    ///   - fill: writes into the room and returns how many bytes it wrote (`0...maxCount`;
+    ///     anything else is a programmer error and traps).
+    /// - Returns: what `fill` returned.
+    /// - Throws: what `fill` throws; nothing is appended then.
+    mutating func appendBytes<E: Error>(
+        upTo maxCount: Int, _ fill: (UnsafeMutableRawBufferPointer) throws(E) -> Int
+    ) throws(E) -> Int {
+        if case .closed = state { preconditionFailure("WireDecoder: bytes appended after finish()") }
+        let count = try buffer.append(upTo: maxCount, fill)
+        if case .failed = state { buffer.removeAll() }
+        return count
+    }
+
+    /// Appends descriptors received with `SCM_RIGHTS`, in the order they arrived.
+    ///
+    /// Append a read's descriptors before the next call to `next()`: the decoder assumes that a
+    /// frame's descriptors arrive no later than its bytes. They are kept in every state, so that
+    /// `takeAllDescriptors()` can hand them back.
+    mutating func append(descriptors received: [Int32]) {
+        descriptors.append(received)
+    }
+
+    /// Removes and returns every descriptor the decoder holds, for the caller to close (after a
+    /// protocol error, at the end of the stream, or when the connection is dropped).
+    mutating func takeAllDescriptors() -> [Int32] {
+        descriptors.takeAll()
+    }
+
+    // MARK: Events
+
+    /// The next greeting or frame, or `nil` when more bytes are needed.
+    ///
+    /// A frame's descriptors are taken from the head of the descriptor queue: the reply port
+    /// first, then one per port component.
+    ///
+    /// - Throws: `WireError` when the connection broke the protocol; the decoder is failed from
+    ///   then on and throws the same error on every call.
+    mutating func next() throws(WireError) -> WireEvent? {
+        do throws(WireError) {
+            switch state {
+            case .failed(let error): throw error
+            case .closed: return nil
+            case .awaitingGreeting: return try nextGreeting()
+            case .open: return try nextFrame()
+            }
+        } catch {
+            fail(error)
+            throw error
+        }
+    }
+
+    /// Tells the decoder the stream ended (EOF); call it once `next()` has returned `nil`.
+    ///
+    /// Ending before the first byte, or right after a frame, is a clean close: the decoder is
+    /// `closed`. Ending inside a greeting or a frame, or with descriptors no frame claimed, is a
+    /// protocol error.
+    ///
+    /// - Throws: `WireError` with `.truncated` (or the earlier error if already failed).
+    mutating func finish() throws(WireError) {
+        switch state {
+        case .failed(let error):
+            throw error
+        case .closed:
+            return
+        case .awaitingGreeting, .open:
+            let what = if case .awaitingGreeting = state { "greeting" } else { "frame" }
+            if buffer.count > 0 {
+                let error = WireError(.truncated, "the stream ended inside a \(what) (\(buffer.count) bytes buffered)")
+                fail(error)
+                throw error
+            }
+            if descriptors.count > 0 {
+                let error = WireError(.truncated,
+                                      "the stream ended with \(descriptors.count) descriptors no frame claimed")
+                fail(error)
+                throw error
+            }
+            buffer.removeAll()
+            state = .closed
+        }
+    }
+
+    /// True when the buffered bytes end exactly at a frame boundary: nothing, or only complete
+    /// frames (and, before the greeting, nothing or a complete greeting followed by complete
+    /// frames). At EOF it tells a clean close from a truncated frame. False once failed.
+    var isAtFrameBoundary: Bool {
+        switch state {
+        case .failed: return false
+        case .closed: return true
+        case .awaitingGreeting:
+            if buffer.count == 0 { return true }
+            if buffer.count < WireFormat.greetingByteCount { return false }
+            return Self.endsAtFrameBoundary(buffer, from: WireFormat.greetingByteCount)
+        case .open:
+            return Self.endsAtFrameBoundary(buffer, from: 0)
+        }
+    }
+
+    // MARK: Private
+
+    private mutating func nextGreeting() throws(WireError) -> WireEvent? {
+        let result: Result<WireGreeting?, WireError> = buffer.withUnsafeBytes { raw in
+            Result { () throws(WireError) -> WireGreeting? in
+                if raw.count < WireFormat.greetingByteCount {
+                    try WireGreeting.checkMagic(raw)
+                    return nil
+                }
+                return try WireGreeting.decode(from: raw)
+            }
+        }
+        guard let greeting = try result.get() else {
+            try checkDescriptorsAhead(partialFrameClaim: 0)
+            return nil
+        }
+        buffer.consume(WireFormat.greetingByteCount)
+        self.greeting = greeting
+        state = .open
+        return .greeting(greeting)
+    }
+
+    private mutating func nextFrame() throws(WireError) -> WireEvent? {
+        let available = buffer.count
+        if available < WireFormat.frameHeaderByteCount {
+            // A partial header: its frame may claim up to the limit.
+            try checkDescriptorsAhead(partialFrameClaim: available == 0 ? 0 : limits.maxDescriptors)
+            return nil
+        }
+        let header = buffer.withUnsafeBytes { WireFrameHeader(loadingFrom: $0) }
+        try header.validate(limits: limits)
+        if available < header.length {
+            try checkDescriptorsAhead(partialFrameClaim: header.descriptorCount)
+            return nil
+        }
+        let result: Result<WireFrame, WireError> = buffer.withUnsafeBytes { raw in
+            Result { () throws(WireError) -> WireFrame in try Self.decodeBody(of: header, from: raw) }
+        }
+        let frame = try result.get()
+        if descriptors.count < header.descriptorCount {
+            throw WireError(.descriptorsMissing,
+                            "frame \(header.msgid) is complete but only \(descriptors.count) of its "
+                                + "\(header.descriptorCount) descriptors have arrived")
+        }
+        buffer.consume(header.length)
+        return .frame(frame, descriptors: descriptors.take(header.descriptorCount))
+    }
+
+    /// Decodes the components of a frame whose `header` has been validated and whose bytes are
+    /// all in `raw` (from offset 0).
+    private static func decodeBody(
+        of header: WireFrameHeader, from raw: UnsafeRawBufferPointer
+    ) throws(WireError) -> WireFrame {
+        var components: [WireComponent] = []
+        components.reserveCapacity(header.componentCount)
+        var portCount = 0
+        var offset = WireFormat.frameHeaderByteCount
+        let end = header.length
+        for index in 0..<header.componentCount {
+            if end - offset < WireFormat.componentHeaderByteCount {
+                throw WireError(.componentsExceedFrame,
+                                "component \(index) of frame \(header.msgid) starts past the frame's end")
+            }
+            let word = raw.loadLittleEndian(UInt64.self, at: offset)
+            let type = UInt8(truncatingIfNeeded: word)
+            let reserved = (word >> 8) & 0xFF_FFFF
+            let length = Int(truncatingIfNeeded: word >> 32)
+            offset += WireFormat.componentHeaderByteCount
+            if reserved != 0 {
+                throw WireError(.reservedFieldNotZero,
+                                "component \(index) of frame \(header.msgid) has reserved bytes 0x\(String(reserved, radix: 16))")
+            }
+            switch type {
+            case WireFormat.dataComponentType:
+                if length > end - offset {
+                    throw WireError(.componentsExceedFrame,
+                                    "data component \(index) of \(length) bytes runs \(length - (end - offset)) "
+                                        + "bytes past the end of frame \(header.msgid)")
+                }
+                let payload = UnsafeRawBufferPointer(rebasing: raw[offset..<offset + length])
+                components.append(.data([UInt8](unsafeUninitializedCapacity: length) { bytes, initialized in
+                    UnsafeMutableRawBufferPointer(bytes).copyMemory(from: payload)
+                    initialized = length
+                }))
+                offset += length
+            case WireFormat.portComponentType:
+                if length != 0 {
+                    throw WireError(.portComponentHasLength,
+                                    "port component \(index) of frame \(header.msgid) has length \(length), not 0")
+                }
+                components.append(.port)
+                portCount += 1
+            default:
+                throw WireError(.unknownComponentType,
+                                "component \(index) of frame \(header.msgid) has unknown type \(type)")
+            }
+        }
+        if offset != end {
+            throw WireError(.componentsShortOfFrame,
+                            "frame \(header.msgid) has \(end - offset) bytes after its last component")
+        }
+        try header.validate(components: components, portCount: portCount)
+        return WireFrame(msgid: header.msgid, isControl: header.isControl,
+                         hasReplyPort: header.hasReplyPort, components: components)
+    }
+
+    /// Refuses descriptors that no frame can claim. A write carries at most `maxDescriptors`
+    /// descriptors (those of the frames whose first byte it carries), so when no complete frame
+    /// is buffered the queue may hold the partial frame's claim plus one write's worth.
+    private func checkDescriptorsAhead(partialFrameClaim: Int) throws(WireError) {
+        let allowed = partialFrameClaim + limits.maxDescriptors
+        if descriptors.count > allowed {
+            throw WireError(.descriptorsAhead,
+                            "\(descriptors.count) descriptors arrived ahead of their frames (at most \(allowed) can be)")
+        }
+    }
+
+    private mutating func fail(_ error: WireError) {
+        if case .failed = state { return }
+        state = .failed(error)
+        buffer.removeAll()
+    }
+
+    private static func endsAtFrameBoundary(_ buffer: WireReadBuffer, from start: Int) -> Bool {
+        buffer.withUnsafeBytes { raw in
+            var offset = start
+            while raw.count - offset >= WireFormat.frameHeaderByteCount {
+                let length = Int(raw.loadLittleEndian(UInt32.self, at: offset))
+                if length < WireFormat.frameHeaderByteCount { return false }
+                offset += length
+            }
+            return offset == raw.count
+        }
+    }
+}

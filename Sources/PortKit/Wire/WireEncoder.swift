@@ -1,0 +1,85 @@
+// Writes greetings and frames as bytes (`protocol.md`), appending to a caller's buffer so many
+// frames can be coalesced into one write. Descriptors are not the encoder's business: the caller
+// attaches `frame.descriptorCount` of them, reply port first, to the write that carries the
+// frame's first byte.
+
+/// Encodes greetings and frames.
+enum WireEncoder {
+    /// Appends the 16-byte greeting `greeting` to `buffer`.
+    static func appendGreeting(_ greeting: WireGreeting, to buffer: inout [UInt8]) {
+        reserve(WireFormat.greetingByteCount, in: &buffer)
+        appendLittleEndian(UInt64(WireFormat.magic) | UInt64(greeting.version) << 32, to: &buffer)
+        appendLittleEndian(UInt64(greeting.pid) | UInt64(greeting.uid) << 32, to: &buffer)
+    }
+
+    /// Appends `frame` (header and components) to `buffer`.
+    ///
+    /// The encoder does not apply `WireLimits`: call `check(_:limits:)` first for a frame built
+    /// from user input. A frame the wire cannot express at all (more than 65 535 components or
+    /// descriptors, a length over 4 GiB) is a programmer error and traps.
+    static func append(_ frame: WireFrame, to buffer: inout [UInt8]) {
+        let size = encodedSize(of: frame)
+        precondition(size <= Int(UInt32.max), "WireEncoder: a frame of \(size) bytes does not fit a u32 length")
+        precondition(frame.components.count <= Int(UInt16.max),
+                     "WireEncoder: \(frame.components.count) components do not fit a u16 count")
+        let descriptorCount = frame.descriptorCount
+        precondition(descriptorCount <= Int(UInt16.max),
+                     "WireEncoder: \(descriptorCount) descriptors do not fit a u16 count")
+        let flags = (frame.hasReplyPort ? WireFormat.replyPortFlag : 0)
+            | (frame.isControl ? WireFormat.controlFlag : 0)
+
+        reserve(size, in: &buffer)
+        appendLittleEndian(UInt64(size) | UInt64(frame.msgid) << 32, to: &buffer)
+        appendLittleEndian(UInt64(frame.components.count) | UInt64(flags) << 16
+                           | UInt64(descriptorCount) << 32, to: &buffer)
+        for component in frame.components {
+            switch component {
+            case .data(let bytes):
+                appendLittleEndian(UInt64(WireFormat.dataComponentType) | UInt64(bytes.count) << 32, to: &buffer)
+                buffer.append(contentsOf: bytes)
+            case .port:
+                appendLittleEndian(UInt64(WireFormat.portComponentType), to: &buffer)
+            }
+        }
+    }
+
+    /// The number of bytes `append(_:to:)` writes for `frame`: its `length` field.
+    static func encodedSize(of frame: WireFrame) -> Int {
+        var size = WireFormat.frameHeaderByteCount
+        for component in frame.components {
+            size += WireFormat.componentHeaderByteCount
+            if case .data(let bytes) = component { size += bytes.count }
+        }
+        return size
+    }
+
+    /// Checks `frame` against the rules a reader with `limits` applies, so that a message over a
+    /// limit fails at the sender instead of invalidating its connection at the receiver.
+    ///
+    /// - Throws: the `WireError` a reader would raise (`.frameTooLong`, `.tooManyComponents`,
+    ///   `.tooManyDescriptors`, `.unknownControlCode`, `.malformedControlFrame`).
+    static func check(_ frame: WireFrame, limits: WireLimits) throws(WireError) {
+        if frame.dataByteCount > limits.maxMessageBytes {
+            throw WireError(.frameTooLong,
+                            "message of \(frame.dataByteCount) data bytes exceeds the limit \(limits.maxMessageBytes)")
+        }
+        let header = WireFrameHeader(for: frame)
+        try header.validate(limits: limits)
+        try header.validate(components: frame.components, portCount: frame.portCount)
+    }
+
+    /// Grows `buffer` geometrically when it lacks room for `count` more bytes (an exact
+    /// `reserveCapacity` per frame would reallocate on every append).
+    @inline(__always)
+    private static func reserve(_ count: Int, in buffer: inout [UInt8]) {
+        let needed = buffer.count + count
+        if needed > buffer.capacity {
+            buffer.reserveCapacity(Swift.max(needed, buffer.capacity * 2))
+        }
+    }
+
+    @inline(__always)
+    private static func appendLittleEndian(_ value: UInt64, to buffer: inout [UInt8]) {
+        withUnsafeBytes(of: value.littleEndian) { buffer.append(contentsOf: $0) }
+    }
+}

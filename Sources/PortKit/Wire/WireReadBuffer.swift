@@ -1,0 +1,157 @@
+// The byte buffer behind a `WireDecoder`: bytes are appended at the end (or read straight into
+// its spare room) and consumed from the front by moving a read index, so consuming a frame never
+// shifts the rest. Unconsumed bytes move to the front only when that is cheaper than growing.
+// Memory follows the bytes actually received, never the length a header claims.
+
+/// A growable byte buffer with a read index.
+struct WireReadBuffer {
+    /// Allocated bytes; `storage.count` is the capacity. Live bytes are `start..<end`.
+    private var storage: [UInt8] = []
+    private var start = 0
+    private var end = 0
+
+    /// The smallest allocation the buffer makes.
+    private static let minimumCapacity = 4096
+    /// When the buffer is empty and holds more than this, it gives the memory back.
+    private static let retainedCapacity = 256 << 10
+
+    /// The number of unconsumed bytes.
+    var count: Int { end - start }
+    /// The bytes allocated (for tests and diagnostics).
+    var capacity: Int { storage.count }
+
+    /// Appends a copy of `bytes`.
+    mutating func append(_ bytes: UnsafeRawBufferPointer) {
+        guard bytes.count > 0 else { return }
+        makeRoom(for: bytes.count)
+        storage.withUnsafeMutableBytes { raw in
+            UnsafeMutableRawBufferPointer(rebasing: raw[end..<end + bytes.count]).copyMemory(from: bytes)
+        }
+        end += bytes.count
+    }
+
+    /// Lets `fill` write up to `maxCount` bytes into the buffer's spare room (for example as the
+    /// `iovec` of a `recvmsg`) and keeps the number of bytes it returns.
+    ///
+    /// - Returns: what `fill` returned, which must be in `0...maxCount` (a programmer error
+    ///   otherwise, and it traps).
+    mutating func append<E: Error>(
+        upTo maxCount: Int, _ fill: (UnsafeMutableRawBufferPointer) throws(E) -> Int
+    ) throws(E) -> Int {
+        precondition(maxCount >= 0, "WireReadBuffer: negative byte count \(maxCount)")
+        makeRoom(for: maxCount)
+        let from = end
+        let result: Result<Int, E> = storage.withUnsafeMutableBytes { raw in
+            do throws(E) {
+                return .success(try fill(UnsafeMutableRawBufferPointer(rebasing: raw[from..<from + maxCount])))
+            } catch {
+                return .failure(error)
+            }
+        }
+        let written = try result.get()
+        precondition(written >= 0 && written <= maxCount,
+                     "WireReadBuffer: fill reported \(written) bytes for a room of \(maxCount)")
+        end += written
+        return written
+    }
+
+    /// Drops the first `byteCount` unconsumed bytes.
+    @inline(__always)
+    mutating func consume(_ byteCount: Int) {
+        precondition(byteCount >= 0 && byteCount <= count, "WireReadBuffer: consume(\(byteCount)) of \(count)")
+        start += byteCount
+    }
+
+    /// Drops everything and gives the memory back.
+    mutating func removeAll() {
+        storage = []
+        start = 0
+        end = 0
+    }
+
+    /// Calls `body` with the unconsumed bytes.
+    @inline(__always)
+    func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) -> R) -> R {
+        storage.withUnsafeBytes { raw in body(UnsafeRawBufferPointer(rebasing: raw[start..<end])) }
+    }
+
+    /// Ensures `byteCount` bytes of spare room after `end`.
+    private mutating func makeRoom(for byteCount: Int) {
+        let live = end - start
+        if live == 0 {
+            start = 0
+            end = 0
+            if storage.count > Self.retainedCapacity && byteCount <= Self.retainedCapacity {
+                storage = []
+            }
+        }
+        if storage.count - end >= byteCount { return }
+        // Moving the live bytes to the front is worth it when it frees at least as many bytes
+        // as it copies, and suffices.
+        if start >= live && live + byteCount <= storage.count {
+            storage.withUnsafeMutableBytes { raw in
+                guard let base = raw.baseAddress else { return }
+                (base).copyMemory(from: base + start, byteCount: live)
+            }
+            start = 0
+            end = live
+            return
+        }
+        let capacity = Swift.max(storage.count * 2, live + byteCount, Self.minimumCapacity)
+        var grown = [UInt8](repeating: 0, count: capacity)
+        if live > 0 {
+            grown.withUnsafeMutableBytes { destination in
+                storage.withUnsafeBytes { source in
+                    UnsafeMutableRawBufferPointer(rebasing: destination[0..<live])
+                        .copyMemory(from: UnsafeRawBufferPointer(rebasing: source[start..<end]))
+                }
+            }
+        }
+        storage = grown
+        start = 0
+        end = live
+    }
+}
+
+/// The descriptors received on a connection and not yet handed out with a frame, oldest first.
+struct WireDescriptorQueue {
+    private var storage: [Int32] = []
+    private var head = 0
+
+    /// The number of descriptors held.
+    var count: Int { storage.count - head }
+
+    /// Appends `descriptors` at the back.
+    mutating func append(_ descriptors: [Int32]) {
+        guard !descriptors.isEmpty else { return }
+        if head == storage.count {
+            storage.removeAll(keepingCapacity: true)
+            head = 0
+        }
+        storage.append(contentsOf: descriptors)
+    }
+
+    /// Removes and returns the `n` oldest descriptors; there must be that many.
+    mutating func take(_ n: Int) -> [Int32] {
+        precondition(n <= count, "WireDescriptorQueue: take(\(n)) of \(count)")
+        if n == 0 { return [] }
+        let taken = Array(storage[head..<head + n])
+        head += n
+        if head == storage.count {
+            storage.removeAll(keepingCapacity: true)
+            head = 0
+        } else if head >= 64 && head * 2 >= storage.count {
+            storage.removeFirst(head)
+            head = 0
+        }
+        return taken
+    }
+
+    /// Removes and returns every descriptor held.
+    mutating func takeAll() -> [Int32] {
+        let all = Array(storage[head...])
+        storage = []
+        head = 0
+        return all
+    }
+}

@@ -1,0 +1,87 @@
+import Testing
+@testable import PortKit
+
+@Suite struct PortBasicsTests {
+    @Test func messageBetweenThreadsKeepsDataAndReplyPort() throws {
+        let received = Locked<[String]>([])
+        let replies = Locked<Int>(0)
+        try onLoopThread { loop in
+            let port = PKReceivePort()
+            port.handler = { message in
+                received.withLock { $0.append("\(message.msgid):\(message.text)") }
+                if let reply = message.replyPort {
+                    try? reply.send(PKPortMessage(msgid: message.msgid + 1, data: Array("pong".utf8)), timeout: .seconds(5))
+                }
+                if message.msgid == 3 { loop.stop() }
+            }
+            try loop.add(port, forMode: .default)
+            let right = port.makeSendRight()
+            let sender = TestThread {
+                let loop2 = PKRunLoop.current
+                let replyPort = PKReceivePort { _ in replies.withLock { $0 += 1 } }
+                try? loop2.add(replyPort, forMode: .default)
+                for id in UInt32(1)...3 {
+                    try? right.send(PKPortMessage(msgid: id, data: Array("hello \(id)".utf8), replyPort: replyPort.makeSendRight()), timeout: .seconds(5))
+                }
+                let deadline = PKDeadline.after(.seconds(10))
+                while replies.value < 3 && !deadline.hasPassed { loop2.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
+                replyPort.invalidate()
+            }
+            #expect(loop.run(in: .default, until: .after(.seconds(10))) == .stopped)
+            try sender.join()
+            port.invalidate()
+        }
+        #expect(received.value == ["1:hello 1", "2:hello 2", "3:hello 3"])
+        #expect(replies.value == 3)
+    }
+
+    @Test func portInsideMessageGivesWorkingSendRight() throws {
+        let got = Locked<[UInt32]>([])
+        try onLoopThread { loop in
+            let target = PKReceivePort { message in got.withLock { $0.append(message.msgid) } }
+            try loop.add(target, forMode: .default)
+            var carried: PKSendPort?
+            let carrier = PKReceivePort { message in carried = message.ports.first }
+            try loop.add(carrier, forMode: .default)
+            try carrier.makeSendRight().send(PKPortMessage(msgid: 1, components: [.port(target.makeSendRight())]), timeout: .seconds(1))
+            let deadline = PKDeadline.after(.seconds(10))
+            while carried == nil && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
+            let right = try #require(carried)
+            // Forward it once more (a right received in a message travels on).
+            var forwarded: PKSendPort?
+            let second = PKReceivePort { message in forwarded = message.ports.first }
+            try loop.add(second, forMode: .default)
+            try second.makeSendRight().send(PKPortMessage(msgid: 2, components: [.port(right)]), timeout: .seconds(1))
+            while forwarded == nil && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
+            try #require(forwarded).send(PKPortMessage(msgid: 42), timeout: .seconds(1))
+            try right.send(PKPortMessage(msgid: 41), timeout: .seconds(1))
+            while got.value.count < 2 && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
+            target.invalidate(); carrier.invalidate(); second.invalidate()
+        }
+        #expect(Set(got.value) == [41, 42])
+    }
+
+    @Test func requestReplyBetweenThreads() throws {
+        let serverLoop = TestLatch<PKSendPort>()
+        let server = TestThread {
+            let loop = PKRunLoop.current
+            let port = PKReceivePort()
+            port.handler = { message in
+                if message.msgid == 99 { port.invalidate(); return }
+                try? message.replyPort?.send(PKPortMessage(msgid: message.msgid, data: message.data.reversed()), timeout: .seconds(5))
+            }
+            try? loop.add(port, forMode: .default)
+            serverLoop.set(port.makeSendRight())
+            loop.run(in: .default, until: .after(.seconds(20)))
+        }
+        let right = try serverLoop.wait()
+        try onLoopThread { _ in
+            let reply = try right.sendRequest(PKPortMessage(msgid: 7, data: [1, 2, 3]), sendTimeout: .seconds(5), receiveTimeout: .seconds(5))
+            #expect(reply?.data == [3, 2, 1])
+            #expect(reply?.msgid == 7)
+        }
+        try right.send(PKPortMessage(msgid: 99), timeout: .seconds(5))
+        try server.join()
+        #expect(!right.isValid)
+    }
+}
