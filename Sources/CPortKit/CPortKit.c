@@ -17,3 +17,13 @@ int pk_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid) {
     if (rc == 0) { *pid = cred.pid; *uid = cred.uid; *gid = cred.gid; }
     return rc;
 }
+
+#include <pthread.h>
+#include <string.h>
+
+void pk_set_thread_name(const char *name) {
+    char buffer[16];
+    strncpy(buffer, name, 15);
+    buffer[15] = 0;
+    pthread_setname_np(pthread_self(), buffer);
+}

@@ -72,6 +72,7 @@ static const int PK_EPOLL_CLOEXEC = EPOLL_CLOEXEC;
 static inline int pk_eventfd(unsigned int initval, int flags) { return eventfd(initval, flags); }
 static const int PK_EFD_CLOEXEC = EFD_CLOEXEC;
 static const int PK_EFD_NONBLOCK = EFD_NONBLOCK;
+static const int PK_EFD_SEMAPHORE = EFD_SEMAPHORE;
 
 static inline int pk_timerfd_create(int flags) { return timerfd_create(CLOCK_MONOTONIC, flags); }
 static const int PK_TFD_CLOEXEC = TFD_CLOEXEC;
@@ -99,6 +100,9 @@ int pk_accept4(int fd, int flags);
 
 /// The peer's credentials as the kernel reports them (SO_PEERCRED).
 int pk_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
+
+/// Names the calling thread (at most 15 bytes are kept).
+void pk_set_thread_name(const char *name);
 
 /// The control buffer size for `count` descriptors (CMSG_SPACE).
 static inline size_t pk_cmsg_space_fds(unsigned int count) {

@@ -48,6 +48,16 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         /// The connection behind local send rights, made on first use.
         var localConnection: SendConnection?
         var invalidationRequested = false
+        /// Watches on local send rights: told when the port is invalidated.
+        var watchers: [Int: Watcher] = [:]
+        var nextWatcher = 0
+    }
+
+    /// A watch on a local send right; the handler runs on `loop`'s thread.
+    private struct Watcher: @unchecked Sendable {
+        let loop: PKRunLoop
+        let mode: PKRunLoopMode
+        let handler: () -> Void
     }
     private let shared = Mutex<Shared>(Shared())
 
@@ -141,6 +151,30 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// Whether the calling thread runs this port's loop.
     var isOwnedByCurrentThread: Bool { runLoop?.isOwnedByCurrentThread ?? false }
 
+    func addInvalidationWatcher(loop: PKRunLoop, mode: PKRunLoopMode, _ handler: @escaping () -> Void) -> Int {
+        let watcher = Watcher(loop: loop, mode: mode, handler: handler)
+        let token: Int? = shared.withLock { state in
+            guard state.isValid else { return nil }
+            state.nextWatcher += 1
+            state.watchers[state.nextWatcher] = watcher
+            return state.nextWatcher
+        }
+        guard let token else {
+            Self.notify(watcher)
+            return 0
+        }
+        return token
+    }
+
+    func removeInvalidationWatcher(_ token: Int) {
+        _ = shared.withLock { $0.watchers.removeValue(forKey: token) }
+    }
+
+    private static func notify(_ watcher: Watcher) {
+        let box = watcher
+        watcher.loop.perform(inModes: [watcher.mode]) { box.handler() }
+    }
+
     // MARK: - Scheduling
 
     func schedule(on loop: PKRunLoop, mode: PKRunLoopMode) throws(PKError) {
@@ -196,10 +230,11 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     private func finishInvalidation() {
         guard !invalidationDelivered else { return }
         invalidationDelivered = true
-        let (pending, local) = shared.withLock { state in
-            defer { state.pendingAdoptions = []; state.localConnection = nil }
-            return (state.pendingAdoptions, state.localConnection)
+        let (pending, local, watchers) = shared.withLock { state in
+            defer { state.pendingAdoptions = []; state.localConnection = nil; state.watchers = [:] }
+            return (state.pendingAdoptions, state.localConnection, Array(state.watchers.values))
         }
+        for watcher in watchers { Self.notify(watcher) }
         for fd in pending { Descriptor.close(fd) }
         local?.invalidate(reason: "the receive port was invalidated")
         let closing = connections.values

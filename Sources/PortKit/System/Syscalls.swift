@@ -90,6 +90,19 @@ enum EventFD {
         try SystemCall.run("eventfd") { pk_eventfd(0, PK_EFD_CLOEXEC | PK_EFD_NONBLOCK) }
     }
 
+    /// A blocking-free eventfd in semaphore mode (each read takes one).
+    static func createSemaphore() throws(PKError) -> Int32 {
+        try SystemCall.run("eventfd") { pk_eventfd(0, PK_EFD_CLOEXEC | PK_EFD_NONBLOCK | PK_EFD_SEMAPHORE) }
+    }
+
+    /// Takes one from a semaphore eventfd; false if it is zero.
+    static func tryConsume(_ fd: Int32) -> Bool {
+        var value: UInt64 = 0
+        let result = try? SystemCall.nonBlocking("read(eventfd)") { Glibc.read(fd, &value, 8) }
+        if case .done = result { return true }
+        return false
+    }
+
     /// Adds one to the counter. The corresponding system call is `write(2)`.
     static func signal(_ fd: Int32) {
         var one: UInt64 = 1

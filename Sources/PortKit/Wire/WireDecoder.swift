@@ -259,7 +259,8 @@ struct WireDecoder {
             offset += WireFormat.componentHeaderByteCount
             if reserved != 0 {
                 throw WireError(.reservedFieldNotZero,
-                                "component \(index) of frame \(header.msgid) has reserved bytes 0x\(String(reserved, radix: 16))")
+                                "component \(index) of frame \(header.msgid) has reserved bytes "
+                                    + "0x\(String(reserved, radix: 16))")
             }
             switch type {
             case WireFormat.dataComponentType:
@@ -302,7 +303,8 @@ struct WireDecoder {
         let allowed = partialFrameClaim + limits.maxDescriptors
         if descriptors.count > allowed {
             throw WireError(.descriptorsAhead,
-                            "\(descriptors.count) descriptors arrived ahead of their frames (at most \(allowed) can be)")
+                            "\(descriptors.count) descriptors arrived ahead of their frames "
+                                + "(at most \(allowed) can be)")
         }
     }
 

@@ -87,11 +87,11 @@ struct WireReadBuffer {
         }
         if storage.count - end >= byteCount { return }
         // Moving the live bytes to the front is worth it when it frees at least as many bytes
-        // as it copies, and suffices.
+        // as it copies, and suffices. (`start >= live` also means the two ranges do not overlap.)
         if start >= live && live + byteCount <= storage.count {
             storage.withUnsafeMutableBytes { raw in
                 guard let base = raw.baseAddress else { return }
-                (base).copyMemory(from: base + start, byteCount: live)
+                base.copyMemory(from: base + start, byteCount: live)
             }
             start = 0
             end = live

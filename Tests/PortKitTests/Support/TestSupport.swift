@@ -78,6 +78,7 @@ func sleepFor(_ duration: Duration) {
 
 /// Runs `body` on a new thread with its own run loop and waits for it, up to `timeout`.
 /// Loop tests use this so each gets a fresh loop and never blocks Swift concurrency's pool.
+@discardableResult
 func onLoopThread<R: Sendable>(
     timeout: Duration = .seconds(30), _ body: @escaping @Sendable (PKRunLoop) throws -> R
 ) throws -> R {

@@ -68,7 +68,9 @@ struct WireSplitTests {
 
     @Test("many frames in one chunk")
     func manyFramesInOneChunk() {
-        let many = (0..<1000).map { WireFrame(msgid: UInt32($0), components: [.data([UInt8](repeating: 7, count: 64))]) }
+        let many = (0..<1000).map {
+            WireFrame(msgid: UInt32($0), components: [.data([UInt8](repeating: 7, count: 64))])
+        }
         let outcome = decode(encodeStream(many))
         #expect(outcome.error == nil)
         expectSameEvents(outcome.events, expectedEvents(many))

@@ -1,0 +1,11 @@
+// The guide's check-in constants.
+
+/// The message identifiers of the guide's check-in handshake.
+public enum PKCheckIn {
+    /// The check-in message (`kCheckinMessage`, 100 in Listing 3-13).
+    public static let messageID: UInt32 = 100
+    /// Asks a worker launched by `PKWorkerThread` to leave its run loop and end.
+    public static let stopMessageID: UInt32 = 0xFFFF_FF01
+    /// The default time a worker has to check in (design section 7).
+    public static let defaultTimeout: Duration = .seconds(5)
+}

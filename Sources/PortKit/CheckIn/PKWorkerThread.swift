@@ -1,0 +1,172 @@
+// A worker thread with its own run loop and port, launched and checked in the guide's way
+// (Listings 3-12 to 3-15) in one call; teardown asks it to stop and joins it.
+
+import Synchronization
+
+/// What a worker thread sees: its own loop and port, and where to send.
+public final class PKWorkerContext: @unchecked Sendable {
+    /// The worker thread's run loop.
+    public let loop: PKRunLoop
+    /// The worker's own port, scheduled in `.default` on `loop`. Set its `handler` in the
+    /// set-up closure; its send right is what the launcher gets as `PKWorkerThread.port`.
+    public let port: PKReceivePort
+    /// The port the launcher asked the worker to report to, if any.
+    public let mainPort: PKSendPort?
+    /// Bytes to send with the check-in message (the guide's CFMessagePort form sends the
+    /// worker's port name here).
+    public var checkInData: [UInt8] = []
+    /// The worker's name.
+    public let name: String
+
+    var shouldExit = false
+    let checkInPort: PKSendPort
+
+    init(loop: PKRunLoop, port: PKReceivePort, mainPort: PKSendPort?, checkInPort: PKSendPort, name: String) {
+        self.loop = loop
+        self.port = port
+        self.mainPort = mainPort
+        self.checkInPort = checkInPort
+        self.name = name
+    }
+
+    /// Makes the worker leave its loop after the current message, as if told to stop.
+    /// Loop-only (the worker's thread).
+    public func requestStop() { shouldExit = true }
+}
+
+/// A worker thread that has checked in (czmq's `zactor` pattern on the guide's handshake).
+///
+/// `init` starts a thread, which makes its run loop and port, runs `setUp`, sends the check-in
+/// message (msgid 100, its port as the reply port) and then runs its loop
+/// (`runMode:beforeDate:` until told to exit, as Listing 3-14). `init` returns only once the
+/// worker checked in, and throws if it does not in time or ends first. `stop` sends the stop
+/// message and joins the thread.
+public final class PKWorkerThread: @unchecked Sendable {
+    /// The worker's name.
+    public let name: String
+    /// A send right to the worker's port.
+    public let port: PKSendPort
+    /// The data the worker sent with its check-in.
+    public let checkInData: [UInt8]
+
+    private let thread: SystemThread
+    private let finished: Semaphore
+    private let stopped = Atomic<Bool>(false)
+
+    /// Launches a worker thread and waits for its check-in.
+    ///
+    /// While waiting, the calling thread's run loop runs in a private mode, so the caller's
+    /// other handlers do not fire.
+    ///
+    /// - Parameters:
+    ///   - name: the thread's name.
+    ///   - mainPort: a port the worker can report to (`PKWorkerContext.mainPort`).
+    ///   - checkInTimeout: how long the worker has to check in.
+    ///   - setUp: runs on the worker thread before it checks in; set `context.port.handler`
+    ///     here. Throwing ends the thread without checking in.
+    /// - Throws: `PKError` with `.checkInTimedOut` or `.checkInFailed`, or `.system` if no
+    ///   thread could be started.
+    public init(
+        name: String = "PKWorker", mainPort: PKSendPort? = nil,
+        checkInTimeout: Duration = PKCheckIn.defaultTimeout,
+        setUp: @escaping @Sendable (PKWorkerContext) throws -> Void
+    ) throws(PKError) {
+        self.name = name
+        let loop = PKRunLoop.current
+        let mode = PKRunLoopMode("PKCheckInMode-\(ObjectIdentifier(loop).hashValue)-\(workerCounter.add(1, ordering: .relaxed).newValue)")
+        var machine = CheckInStateMachine()
+        var action = CheckInStateMachine.Action.wait
+        var workerPort: PKSendPort?
+        var data: [UInt8] = []
+
+        let checkInPort = PKReceivePort { message in
+            guard action == .wait else { return }
+            action = machine.handle(.message(msgid: message.msgid, hasReplyPort: message.replyPort != nil))
+            if action == .acceptWorker {
+                workerPort = message.replyPort
+                data = message.data
+            }
+        }
+        checkInPort.onNoSenders = {
+            if action == .wait { action = machine.handle(.workerGone) }
+        }
+        defer { checkInPort.invalidate() }
+        try loop.add(checkInPort, forMode: mode)
+        // A connection of the worker's own: when its thread ends, the connection closes and
+        // the launcher learns the worker is gone.
+        let checkInRight = PKSendPort(connection: SendConnection(takingOwnershipOf: try checkInPort.makeTransferDescriptor()))
+
+        let finished = Semaphore()
+        self.finished = finished
+        thread = try SystemThread(name: name) {
+            Self.workerMain(name: name, mainPort: mainPort, checkInRight: checkInRight, setUp: setUp)
+            finished.signal()
+        }
+
+        let deadline = PKDeadline.after(checkInTimeout)
+        while action == .wait {
+            if loop.run(in: mode, until: deadline, returnAfterSourceHandled: true) == .timedOut, action == .wait {
+                action = machine.handle(.deadlinePassed)
+            }
+        }
+        guard action == .acceptWorker, let workerPort else {
+            thread.detach()
+            if case .fail(let code, let reason) = action { throw PKError(code, "worker \(name): \(reason)") }
+            throw PKError(.checkInFailed, "worker \(name) did not check in")
+        }
+        self.port = workerPort
+        self.checkInData = data
+    }
+
+    /// The worker thread's whole life: Listings 3-14 and 3-15.
+    private static func workerMain(
+        name: String, mainPort: PKSendPort?, checkInRight: PKSendPort,
+        setUp: @Sendable (PKWorkerContext) throws -> Void
+    ) {
+        let loop = PKRunLoop.current
+        let port = PKReceivePort()
+        guard (try? loop.add(port, forMode: .default)) != nil else { return }
+        let context = PKWorkerContext(loop: loop, port: port, mainPort: mainPort, checkInPort: checkInRight, name: name)
+        defer {
+            port.invalidate()
+            checkInRight.invalidate()
+        }
+        do { try setUp(context) } catch { return }
+
+        let userHandler = port.handler
+        port.handler = { [unowned context] message in
+            if message.msgid == PKCheckIn.stopMessageID { context.shouldExit = true; return }
+            userHandler(message)
+        }
+        // Listing 3-15: send the check-in message, the worker's port as the reply port.
+        let checkIn = PKPortMessage(msgid: PKCheckIn.messageID, data: context.checkInData, replyPort: port.makeSendRight())
+        guard (try? checkInRight.send(checkIn, before: .after(PKCheckIn.defaultTimeout))) != nil else { return }
+        checkInRight.invalidate()
+        // Listing 3-14: let the run loop process things until told to exit.
+        repeat {
+            loop.run(in: .default, until: .distantFuture, returnAfterSourceHandled: true)
+        } while !context.shouldExit && port.isValid
+    }
+
+    /// Asks the worker to stop, and waits for its thread to end.
+    ///
+    /// - Parameter timeout: how long to wait for the thread to end.
+    /// - Throws: `PKError` with `.receiveTimedOut` if the thread did not end in time (it is
+    ///   then left to end on its own).
+    public func stop(timeout: Duration = .seconds(5)) throws(PKError) {
+        guard !stopped.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        let deadline = PKDeadline.after(timeout)
+        try? port.send(PKPortMessage(msgid: PKCheckIn.stopMessageID), before: deadline)
+        guard finished.wait(until: deadline) else {
+            thread.detach()
+            throw PKError(.receiveTimedOut, "worker \(name) did not stop within \(timeout)")
+        }
+        thread.join()
+    }
+
+    deinit {
+        if !stopped.load(ordering: .acquiring) { try? stop() }
+    }
+}
+
+private let workerCounter = Atomic<UInt64>(0)

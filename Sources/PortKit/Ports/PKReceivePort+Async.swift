@@ -1,0 +1,145 @@
+// Delivery beyond the run loop (design section 8): a receive port as an AsyncSequence, on a
+// DispatchQueue (CFMessagePortSetDispatchQueue), and request/reply with `async`.
+
+import Dispatch
+import Synchronization
+
+extension PKReceivePort {
+    /// The port's messages as an `AsyncSequence` (design section 8).
+    ///
+    /// Call it on a port that is not scheduled yet: PortKit schedules it on
+    /// `PKRunLoop.background`, so no loop has to be run by hand. (Called on the thread of the
+    /// loop the port is scheduled on, it keeps that loop.) The stream replaces `handler`; it
+    /// finishes when the port is invalidated, and ending the iteration invalidates the port.
+    ///
+    /// - Parameter bufferingPolicy: what the stream keeps while the consumer is busy.
+    /// - Throws: `PKError` with `.invalidPort` if the port was invalidated.
+    public func messages(
+        bufferingPolicy: AsyncStream<PKPortMessage>.Continuation.BufferingPolicy = .unbounded
+    ) throws(PKError) -> AsyncStream<PKPortMessage> {
+        let (stream, continuation) = AsyncStream<PKPortMessage>.makeStream(bufferingPolicy: bufferingPolicy)
+        try host { port in
+            port.handler = { continuation.yield($0) }
+            let previous = port.onInvalidation
+            port.onInvalidation = {
+                previous?()
+                continuation.finish()
+            }
+        }
+        continuation.onTermination = { [weak self] _ in self?.invalidate() }
+        return stream
+    }
+
+    /// Delivers the port's messages on `queue`, in order (`CFMessagePortSetDispatchQueue`).
+    ///
+    /// Like `messages()`, an unscheduled port is scheduled on `PKRunLoop.background`; each
+    /// message is handed to `handler` with `queue.async`.
+    ///
+    /// - Throws: `PKError` with `.invalidPort` if the port was invalidated.
+    public func deliver(on queue: DispatchQueue, _ handler: @escaping @Sendable (PKPortMessage) -> Void) throws(PKError) {
+        try host { port in
+            port.handler = { message in queue.async { handler(message) } }
+        }
+    }
+
+    /// Runs `configure` on the port's loop, scheduling the port on the background loop first if
+    /// it is on none.
+    private func host(_ configure: @escaping @Sendable (PKReceivePort) -> Void) throws(PKError) {
+        if let loop = runLoop {
+            precondition(loop.isOwnedByCurrentThread, "PKReceivePort: a scheduled port is reconfigured on its own loop's thread")
+            configure(self)
+            return
+        }
+        let loop = PKRunLoop.background
+        let port = UncheckedBox(self)
+        let result: Result<Void, PKError> = loop.performAndWait {
+            configure(port.value)
+            return Result { () throws(PKError) in try loop.add(port.value, forMode: .default) }
+        }
+        try result.get()
+    }
+}
+
+extension PKSendPort {
+    /// Sends `message` and awaits the reply: the `async` form of `sendRequest`.
+    ///
+    /// The reply port lives on `PKRunLoop.background`, so no loop of the caller's runs.
+    ///
+    /// - Throws: `PKError` with `.sendTimedOut`, `.receiveTimedOut`, `.invalidPort`,
+    ///   `.portInvalidated`, `.transport` or `.limitExceeded`, as `sendRequest`.
+    public func request(
+        _ message: PKPortMessage, sendTimeout: Duration, receiveTimeout: Duration
+    ) async throws(PKError) -> PKPortMessage {
+        let loop = PKRunLoop.background
+        let pending = PendingReply()
+        let target = self
+        let replyRight: PKSendPort = loop.performAndWait {
+            let replyPort = PKReceivePort()
+            pending.port = replyPort
+            replyPort.handler = { reply in pending.finish(.success(reply)) }
+            replyPort.onNoSenders = {
+                pending.finish(.failure(PKError(.portInvalidated, "the remote port's owner released the reply port without answering")))
+            }
+            try? loop.add(replyPort, forMode: .default)
+            pending.watch = try? target.watchInvalidation(on: loop, forMode: .default) {
+                pending.finish(.failure(PKError(.portInvalidated, "the remote port became invalid while waiting for the reply")))
+            }
+            let timer = PKTimer(fireDate: .after(receiveTimeout)) { _ in
+                pending.finish(.failure(PKError(.receiveTimedOut, "no reply arrived within \(receiveTimeout)")))
+            }
+            pending.timer = timer
+            loop.add(timer, forMode: .default)
+            return replyPort.makeSendRight()
+        }
+        var request = message
+        request.replyPort = replyRight
+        do {
+            try send(request, before: .after(sendTimeout))
+        } catch {
+            loop.perform { pending.finish(.failure(error)) }
+            throw error
+        }
+        let result = await withCheckedContinuation { continuation in
+            loop.perform { pending.setContinuation(continuation) }
+        }
+        return try result.get()
+    }
+}
+
+/// One async request's state; touched only on the background loop's thread.
+private final class PendingReply: @unchecked Sendable {
+    var port: PKReceivePort?
+    var watch: PKInvalidationWatch?
+    var timer: PKTimer?
+    private var result: Result<PKPortMessage, PKError>?
+    private var continuation: CheckedContinuation<Result<PKPortMessage, PKError>, Never>?
+
+    func finish(_ outcome: Result<PKPortMessage, PKError>) {
+        guard result == nil else { return }
+        result = outcome
+        timer?.invalidate()
+        watch?.cancel()
+        port?.invalidate()
+        timer = nil
+        watch = nil
+        port = nil
+        deliver()
+    }
+
+    func setContinuation(_ continuation: CheckedContinuation<Result<PKPortMessage, PKError>, Never>) {
+        self.continuation = continuation
+        deliver()
+    }
+
+    private func deliver() {
+        guard let result, let continuation else { return }
+        self.continuation = nil
+        continuation.resume(returning: result)
+    }
+}
+
+/// Carries a value across a thread hop that PortKit's thread rules make safe.
+struct UncheckedBox<Value>: @unchecked Sendable {
+    let value: Value
+    init(_ value: Value) { self.value = value }
+}

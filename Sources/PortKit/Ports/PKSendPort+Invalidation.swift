@@ -1,0 +1,69 @@
+// Learning that a send right became invalid (NSPortDidBecomeInvalidNotification for a remote
+// port): a watch on the connection's hang-up, delivered on a chosen loop.
+
+/// A registration made by `PKSendPort.watchInvalidation(on:forMode:_:)`; cancel it to stop
+/// watching. Loop-only (the loop the watch was made on).
+public final class PKInvalidationWatch: @unchecked Sendable {
+    private var source: PKDescriptorSource?
+    private var connection: SendConnection?
+    private let localToken: (PKReceivePort, Int)?
+
+    init(source: PKDescriptorSource, connection: SendConnection) {
+        self.source = source
+        self.connection = connection
+        self.localToken = nil
+    }
+
+    init(port: PKReceivePort, token: Int) {
+        self.localToken = (port, token)
+    }
+
+    /// Stops watching; the handler will not be called. Loop-only.
+    public func cancel() {
+        source?.invalidate()
+        source = nil
+        connection = nil
+        if let (port, token) = localToken { port.removeInvalidationWatcher(token) }
+    }
+
+    func fired() {
+        source?.invalidate()
+        source = nil
+        connection = nil
+    }
+}
+
+extension PKSendPort {
+    /// Calls `handler` once, on `loop`'s thread, when this send right becomes invalid: its
+    /// receive port was invalidated, its owner (thread or process) went away, or the
+    /// connection broke. If the right is already invalid, the handler runs on the loop's next
+    /// pass in `mode`. Loop-only (`loop` must be the calling thread's loop).
+    ///
+    /// - Parameters:
+    ///   - loop: where the handler runs; the calling thread's loop.
+    ///   - mode: the modes in which the watch is active; `.common` by default.
+    ///   - handler: called once.
+    /// - Returns: a watch to cancel.
+    @discardableResult
+    public func watchInvalidation(
+        on loop: PKRunLoop = .current, forMode mode: PKRunLoopMode = .common,
+        _ handler: @escaping () -> Void
+    ) throws(PKError) -> PKInvalidationWatch {
+        switch storage {
+        case .local(let port):
+            let token = port.addInvalidationWatcher(loop: loop, mode: mode, handler)
+            return PKInvalidationWatch(port: port, token: token)
+        case .connection(let connection):
+            var watch: PKInvalidationWatch?
+            let source = PKDescriptorSource(descriptor: connection.fd, events: .hangUp) { events in
+                guard !events.intersection([.hangUp, .error]).isEmpty else { return }
+                watch?.fired()
+                watch = nil
+                handler()
+            }
+            watch = PKInvalidationWatch(source: source, connection: connection)
+            try loop.add(source, forMode: mode)
+            return watch!
+        }
+    }
+}

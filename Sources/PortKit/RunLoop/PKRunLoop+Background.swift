@@ -1,0 +1,81 @@
+// A process-wide background loop on its own thread, for ports consumed with Swift concurrency
+// (AsyncSequence, async request/reply) or delivered on a DispatchQueue.
+
+import Synchronization
+
+extension PKRunLoop {
+    /// A run loop on a thread of its own that runs for the life of the process, made on first
+    /// use. PortKit schedules ports here when they are consumed as an `AsyncSequence` or on a
+    /// `DispatchQueue`; code may also `perform` work on it.
+    public static var background: PKRunLoop { backgroundLoop.loop }
+
+    /// Runs `body` on this loop's thread and returns its result, waiting for it; runs it
+    /// directly when called on the loop's own thread. Safe from any thread.
+    func performAndWait<R: Sendable>(_ body: @escaping @Sendable () -> R) -> R {
+        if isOwnedByCurrentThread { return body() }
+        let done = Semaphore()
+        let box = ResultBox<R>()
+        perform(inModes: [.common]) {
+            box.value = body()
+            done.signal()
+        }
+        done.wait()
+        return box.value!
+    }
+}
+
+private final class ResultBox<R>: @unchecked Sendable {
+    var value: R?
+}
+
+/// A counting semaphore on an eventfd in semaphore mode.
+final class Semaphore: @unchecked Sendable {
+    private let fd: Int32
+
+    init() {
+        fd = (try? EventFD.createSemaphore()) ?? -1
+        precondition(fd >= 0, "PortKit cannot create a semaphore (eventfd)")
+    }
+
+    deinit { Descriptor.close(fd) }
+
+    func signal() { EventFD.signal(fd) }
+
+    /// Waits for a signal, up to `deadline`. Returns false on timeout.
+    @discardableResult
+    func wait(until deadline: PKDeadline = .distantFuture) -> Bool {
+        while true {
+            if EventFD.tryConsume(fd) { return true }
+            let timeout = deadline.pollTimeoutMilliseconds(now: monotonicNanoseconds())
+            if timeout == 0 { return EventFD.tryConsume(fd) }
+            _ = try? Descriptor.poll(fd, events: Int16(1), timeoutMilliseconds: timeout)
+        }
+    }
+}
+
+private final class BackgroundLoop: Sendable {
+    let loop: PKRunLoop
+
+    init() {
+        let ready = Semaphore()
+        let slot = ResultBox<PKRunLoop>()
+        let thread: SystemThread
+        do {
+            thread = try SystemThread(name: "PortKit.bg") {
+                let loop = PKRunLoop.current
+                // A source that is never signalled keeps the default mode from being empty.
+                loop.add(PKCustomSource(perform: {}), forMode: .common)
+                slot.value = loop
+                ready.signal()
+                while true { loop.run(in: .default) }
+            }
+        } catch {
+            fatalError("PortKit cannot start its background loop: \(error)")
+        }
+        thread.detach()
+        ready.wait()
+        loop = slot.value!
+    }
+}
+
+private let backgroundLoop = BackgroundLoop()

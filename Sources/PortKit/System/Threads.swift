@@ -1,0 +1,51 @@
+// Starting and joining threads (pthread_create(3), pthread_join(3)), for workers and the
+// background loop. The core does not import Foundation.
+
+import CPortKit
+import Glibc
+
+/// A joinable thread running a Swift closure.
+final class SystemThread: @unchecked Sendable {
+    private var handle = pthread_t()
+    private var joined = false
+
+    /// Starts `body` on a new thread. The corresponding call is `pthread_create(3)`.
+    init(name: String, _ body: @escaping @Sendable () -> Void) throws(PKError) {
+        let box = Unmanaged.passRetained(ThreadBody(name: name, body: body)).toOpaque()
+        let rc = pthread_create(&handle, nil, { context in
+            let body = Unmanaged<ThreadBody>.fromOpaque(context!).takeRetainedValue()
+            pk_set_thread_name(body.name)
+            body.body()
+            return nil
+        }, box)
+        if rc != 0 {
+            Unmanaged<ThreadBody>.fromOpaque(box).release()
+            throw PKError(.system, "cannot start thread \(name)", call: "pthread_create", errno: rc)
+        }
+    }
+
+    /// Waits for the thread to end. The corresponding call is `pthread_join(3)`.
+    func join() {
+        guard !joined else { return }
+        joined = true
+        pthread_join(handle, nil)
+    }
+
+    /// Lets the thread end on its own without being joined. The corresponding call is `pthread_detach(3)`.
+    func detach() {
+        guard !joined else { return }
+        joined = true
+        pthread_detach(handle)
+    }
+
+    deinit { if !joined { pthread_detach(handle) } }
+}
+
+private final class ThreadBody {
+    let name: String
+    let body: @Sendable () -> Void
+    init(name: String, body: @escaping @Sendable () -> Void) {
+        self.name = name
+        self.body = body
+    }
+}
