@@ -27,3 +27,63 @@ void pk_set_thread_name(const char *name) {
     buffer[15] = 0;
     pthread_setname_np(pthread_self(), buffer);
 }
+
+#include <sys/un.h>
+
+/// Fills a sockaddr_un for `path`; returns -1 if the path does not fit in sun_path.
+static int pk_fill_sockaddr(struct sockaddr_un *addr, const char *path) {
+    size_t len = strlen(path);
+    if (len >= sizeof(addr->sun_path)) { errno = ENAMETOOLONG; return -1; }
+    memset(addr, 0, sizeof(*addr));
+    addr->sun_family = AF_UNIX;
+    memcpy(addr->sun_path, path, len + 1);
+    return 0;
+}
+
+int pk_bind_unix(int fd, const char *path) {
+    struct sockaddr_un addr;
+    if (pk_fill_sockaddr(&addr, path) < 0) return -1;
+    return bind(fd, (struct sockaddr *)&addr, sizeof(addr));
+}
+
+int pk_connect_unix(int fd, const char *path) {
+    struct sockaddr_un addr;
+    if (pk_fill_sockaddr(&addr, path) < 0) return -1;
+    return connect(fd, (struct sockaddr *)&addr, sizeof(addr));
+}
+
+size_t pk_sun_path_capacity(void) {
+    struct sockaddr_un addr;
+    return sizeof(addr.sun_path);
+}
+
+int pk_lstat_info(const char *path, int follow, unsigned int *mode, unsigned int *uid, uint64_t *ino) {
+    struct stat st;
+    int rc = follow ? stat(path, &st) : lstat(path, &st);
+    if (rc == 0) { *mode = st.st_mode; *uid = st.st_uid; *ino = (uint64_t)st.st_ino; }
+    return rc;
+}
+
+int pk_fstat_info(int fd, unsigned int *mode, unsigned int *uid, uint64_t *ino) {
+    struct stat st;
+    int rc = fstat(fd, &st);
+    if (rc == 0) { *mode = st.st_mode; *uid = st.st_uid; *ino = (uint64_t)st.st_ino; }
+    return rc;
+}
+
+/// Reads inotify events and reports whether one names `name` (IN_CREATE / IN_MOVED_TO).
+/// Returns -1 with errno on failure (EAGAIN when nothing is pending).
+int pk_inotify_saw_name(int fd, const char *name) {
+    char buffer[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    int saw = 0;
+    for (;;) {
+        ssize_t n = read(fd, buffer, sizeof(buffer));
+        if (n < 0) return saw ? 1 : -1;
+        for (char *p = buffer; p < buffer + n; ) {
+            struct inotify_event *ev = (struct inotify_event *)p;
+            if (ev->len > 0 && strcmp(ev->name, name) == 0) saw = 1;
+            if (ev->mask & IN_Q_OVERFLOW) saw = 1;
+            p += sizeof(struct inotify_event) + ev->len;
+        }
+    }
+}

@@ -101,6 +101,34 @@ int pk_accept4(int fd, int flags);
 /// The peer's credentials as the kernel reports them (SO_PEERCRED).
 int pk_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
 
+/// bind(2) / connect(2) to a Unix socket path; -1 with ENAMETOOLONG if it does not fit.
+int pk_bind_unix(int fd, const char *path);
+int pk_connect_unix(int fd, const char *path);
+/// sizeof(sockaddr_un.sun_path): a socket path must be shorter than this.
+size_t pk_sun_path_capacity(void);
+
+/// lstat(2) (or stat(2) when `follow`) / fstat(2), reporting mode, owner and inode.
+int pk_lstat_info(const char *path, int follow, unsigned int *mode, unsigned int *uid, uint64_t *ino);
+int pk_fstat_info(int fd, unsigned int *mode, unsigned int *uid, uint64_t *ino);
+
+/// Drains an inotify descriptor; 1 if an event named `name` (or an overflow) was seen, 0 if
+/// not, -1 with errno (EAGAIN) if nothing was pending.
+int pk_inotify_saw_name(int fd, const char *name);
+
+static const uint32_t PK_IN_CREATE = IN_CREATE;
+static const uint32_t PK_IN_MOVED_TO = IN_MOVED_TO;
+static const int PK_IN_CLOEXEC = IN_CLOEXEC;
+static const int PK_IN_NONBLOCK = IN_NONBLOCK;
+static const int PK_LOCK_EX = LOCK_EX;
+static const int PK_LOCK_NB = LOCK_NB;
+static const int PK_O_NOFOLLOW = O_NOFOLLOW;
+static const int PK_O_CLOEXEC = O_CLOEXEC;
+static const unsigned int PK_S_IFMT = S_IFMT;
+static const unsigned int PK_S_IFSOCK = S_IFSOCK;
+static const unsigned int PK_S_IFDIR = S_IFDIR;
+static const unsigned int PK_S_IFREG = S_IFREG;
+static const unsigned int PK_S_IFLNK = S_IFLNK;
+
 /// Names the calling thread (at most 15 bytes are kept).
 void pk_set_thread_name(const char *name);
 

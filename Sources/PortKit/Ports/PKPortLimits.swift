@@ -18,6 +18,12 @@ public struct PKPortLimits: Sendable, Equatable {
     /// Default 64 MiB.
     public var maxQueuedBytes: Int = 64 << 20
 
+    /// How long a connection accepted from a named socket has to send its greeting. Default 5 s.
+    public var greetingTimeout: Duration = .seconds(5)
+    /// The most accepted connections that may wait for their greeting at once; more are closed
+    /// at once. Default 64.
+    public var maxPendingGreetings: Int = 64
+
     /// The defaults.
     public init() {}
 

@@ -65,6 +65,12 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     private var modes: [PKRunLoopMode] = []
     private var connections: [ObjectIdentifier: ReceiveConnection] = [:]
     private var adopter: PKCustomSource!
+    /// Sources that live and die with the port and follow its modes (a name's listener).
+    private var companions: [PKDescriptorSource] = []
+    /// Run when the port is invalidated, before `onInvalidation` (a name's removal).
+    private var invalidationHooks: [() -> Void] = []
+    /// Drops accepted connections that did not greet in time.
+    private var greetingTimer: PKTimer?
     private var isDelivering = false
     private var invalidationDelivered = false
     private var readBuffer: ReadScratch
@@ -187,6 +193,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         if !modes.contains(mode) { modes.append(mode) }
         loop.add(adopter, forMode: mode)
         for connection in connections.values { try loop.add(connection.source, forMode: mode) }
+        for companion in companions { try loop.add(companion, forMode: mode) }
+        if let greetingTimer { loop.add(greetingTimer, forMode: mode) }
         adoptPending()
     }
 
@@ -195,6 +203,77 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         modes.removeAll { $0 == mode }
         loop.remove(adopter, forMode: mode)
         for connection in connections.values { connection.leave(loop, mode: mode) }
+        for companion in companions { loop.remove(companion, forMode: mode) }
+        if let greetingTimer { loop.remove(greetingTimer, forMode: mode) }
+    }
+
+    // MARK: - Companions (named sockets)
+
+    /// Adds a source that follows the port's modes and is invalidated with it. Loop-only; the
+    /// port must be scheduled.
+    func attachCompanion(_ source: PKDescriptorSource) throws(PKError) {
+        guard let loop = runLoop, isValid else { throw PKError(.invalidPort, "the port is not valid") }
+        loop.assertOwner("PKReceivePort companion")
+        for mode in modes { try loop.add(source, forMode: mode) }
+        companions.append(source)
+    }
+
+    /// Removes and invalidates a companion source. Loop-only.
+    func detachCompanion(_ source: PKDescriptorSource) {
+        companions.removeAll { $0 === source }
+        source.invalidate()
+    }
+
+    /// Runs `hook` when the port is invalidated (before `onInvalidation`). Loop-only.
+    func addInvalidationHook(_ hook: @escaping () -> Void) { invalidationHooks.append(hook) }
+
+    /// Takes a connection accepted from a named socket. Loop-only. The peer must be the same
+    /// user, greet within the check-in timeout, and the port keeps at most
+    /// `limits.maxPendingGreetings` such connections waiting for their greeting.
+    func adoptAccepted(_ fd: Int32) {
+        guard let loop = runLoop, isValid else { Descriptor.close(fd); return }
+        let waiting = connections.values.reduce(0) { $0 + ($1.greetingDeadline != nil ? 1 : 0) }
+        if waiting >= limits.maxPendingGreetings {
+            logger.notice("refusing a connection: \(waiting) connections are already waiting to greet")
+            Descriptor.close(fd)
+            return
+        }
+        guard let connection = adopt(fd, on: loop, accepted: true) else { return }
+        if let reason = connection.checkPeer() {
+            logger.notice("refusing a connection: \(reason)")
+            drop(connection)
+            return
+        }
+        let deadline = PKDeadline.after(limits.greetingTimeout)
+        connection.greetingDeadline = deadline
+        armGreetingTimer(loop)
+    }
+
+    private func armGreetingTimer(_ loop: PKRunLoop) {
+        let earliest = connections.values.compactMap(\.greetingDeadline).min()
+        guard let earliest else {
+            greetingTimer?.invalidate()
+            greetingTimer = nil
+            return
+        }
+        if let timer = greetingTimer, timer.isValid {
+            if timer.fireDate != earliest { timer.fireDate = earliest }
+            return
+        }
+        let timer = PKTimer(fireDate: earliest) { [weak self] _ in self?.dropSilentConnections() }
+        greetingTimer = timer
+        for mode in modes { loop.add(timer, forMode: mode) }
+    }
+
+    private func dropSilentConnections() {
+        greetingTimer = nil
+        for connection in Array(connections.values) {
+            if let deadline = connection.greetingDeadline, deadline.hasPassed {
+                logger.notice("dropping a connection that did not greet within \(limits.greetingTimeout)")
+                drop(connection)
+            }
+        }
+        if let loop = runLoop { armGreetingTimer(loop) }
     }
 
     // MARK: - Invalidation
@@ -237,6 +316,13 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         for watcher in watchers { Self.notify(watcher) }
         for fd in pending { Descriptor.close(fd) }
         local?.invalidate(reason: "the receive port was invalidated")
+        let hooks = invalidationHooks
+        invalidationHooks = []
+        for hook in hooks { hook() }
+        for companion in companions { companion.invalidate() }
+        companions = []
+        greetingTimer?.invalidate()
+        greetingTimer = nil
         let closing = connections.values
         connections = [:]
         for connection in closing { connection.close() }
@@ -262,8 +348,10 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         for fd in fds { adopt(fd, on: loop) }
     }
 
-    private func adopt(_ fd: Int32, on loop: PKRunLoop) {
-        let connection = ReceiveConnection(takingOwnershipOf: fd, limits: limits.wire)
+    @discardableResult
+    private func adopt(_ fd: Int32, on loop: PKRunLoop, accepted: Bool = false) -> ReceiveConnection? {
+        let connection = ReceiveConnection(takingOwnershipOf: fd, limits: limits.wire, accepted: accepted,
+                                           maxQueuedMessages: limits.maxQueuedMessages, maxQueuedBytes: limits.maxQueuedBytes)
         connection.source = PKDescriptorSource(descriptor: fd, events: .readable) { [unowned self, unowned connection] events in
             self.handle(events, on: connection)
         }
@@ -272,9 +360,10 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         } catch {
             logger.warning("dropping a new connection: \(error)")
             connection.close()
-            return
+            return nil
         }
         connections[ObjectIdentifier(connection)] = connection
+        return connection
     }
 
     private func handle(_ events: PKIOEvents, on connection: ReceiveConnection) {
@@ -293,20 +382,16 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         case .endOfStream:
             connection.finished = true
         case .failed(let error):
+            // Frames that arrived before the error are still delivered, then the connection goes.
             logger.notice("closing a connection that broke the protocol: \(error)")
-            drop(connection)
-            return
+            connection.failed = true
         }
-        if connection.hasGreeting == false, connection.needsPeerCheck {
-            if let error = connection.checkPeer() {
-                logger.notice("refusing a connection: \(error)")
-                drop(connection)
-                return
-            }
+        if connection.hasGreeting, connection.greetingDeadline == nil, let loop = runLoop, greetingTimer != nil {
+            armGreetingTimer(loop)
         }
-        adoptAttachedSenders(connection)
+        if !connection.failed { adoptAttachedSenders(connection) }
         deliverQueuedMessages()
-        if connection.finished && !connection.hasQueuedMessages { drop(connection) }
+        if (connection.finished || connection.failed) && !connection.hasQueuedMessages { drop(connection) }
     }
 
     private func adoptAttachedSenders(_ connection: ReceiveConnection) {
@@ -332,7 +417,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         }
         for connection in Array(connections.values) {
             connection.resumeIfDrained()
-            if connection.finished && !connection.hasQueuedMessages { drop(connection) }
+            if (connection.finished || connection.failed) && !connection.hasQueuedMessages { drop(connection) }
         }
     }
 

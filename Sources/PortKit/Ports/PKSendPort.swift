@@ -59,35 +59,27 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
     /// - Throws: `PKError` with `.sendTimedOut`, `.invalidPort` (the port is or became invalid),
     ///   `.limitExceeded` (the message is over the limits), or `.transport`.
     public func send(_ message: PKPortMessage, before deadline: PKDeadline) throws(PKError) {
-        var transfers: [Int32] = []
-        defer { for fd in transfers { Descriptor.close(fd) } }
         var components: [WireComponent] = []
         components.reserveCapacity(message.components.count)
-        var dataBytes = 0
+        for component in message.components {
+            switch component {
+            case .data(let bytes): components.append(.data(bytes))
+            case .port: components.append(.port)
+            }
+        }
+        let frame = WireFrame(msgid: message.msgid, hasReplyPort: message.replyPort != nil, components: components)
+        // The sender checks the limits before making anything (the receiver checks them again).
+        do throws(WireError) { try WireEncoder.check(frame, limits: PKPortLimits.default.wire) } catch {
+            throw PKError(.limitExceeded, "the message is over PortKit's limits: \(error.message)")
+        }
+        var transfers: [Int32] = []
+        defer { for fd in transfers { Descriptor.close(fd) } }
         if let reply = message.replyPort {
             transfers.append(try reply.makeTransferDescriptor(before: deadline))
         }
-        for component in message.components {
-            switch component {
-            case .data(let bytes):
-                dataBytes += bytes.count
-                components.append(.data(bytes))
-            case .port(let port):
-                transfers.append(try port.makeTransferDescriptor(before: deadline))
-                components.append(.port)
-            }
+        for case .port(let port) in message.components {
+            transfers.append(try port.makeTransferDescriptor(before: deadline))
         }
-        let limits = PKPortLimits.default
-        if transfers.count > limits.maxDescriptors {
-            throw PKError(.limitExceeded, "a message carries at most \(limits.maxDescriptors) ports, reply port included; this one has \(transfers.count)")
-        }
-        if dataBytes > limits.maxMessageBytes {
-            throw PKError(.limitExceeded, "a message carries at most \(limits.maxMessageBytes) data bytes; this one has \(dataBytes)")
-        }
-        if components.count > limits.maxComponents {
-            throw PKError(.limitExceeded, "a message has at most \(limits.maxComponents) components; this one has \(components.count)")
-        }
-        let frame = WireFrame(msgid: message.msgid, hasReplyPort: message.replyPort != nil, components: components)
         var bytes: [UInt8] = []
         bytes.reserveCapacity(WireEncoder.encodedSize(of: frame))
         WireEncoder.append(frame, to: &bytes)

@@ -27,9 +27,16 @@ final class ReceiveConnection {
     /// Read ends announced by ATTACH_SENDER control frames, for the port to adopt.
     var attached: [Int32] = []
     var hasGreeting = false
-    var needsPeerCheck = true
+    /// Accepted from a named socket: the greeting's claim is checked against SO_PEERCRED.
+    let accepted: Bool
+    /// When an accepted connection must have greeted by.
+    var greetingDeadline: PKDeadline?
+    /// The kernel's view of the peer (accepted connections only).
+    var peer: (pid: Int32, uid: UInt32, gid: UInt32)?
     var readingPaused = false
     var finished = false
+    /// The peer broke the protocol: deliver what arrived before, then drop.
+    var failed = false
     private var closed = false
 
     static let readChunk = 64 * 1024
@@ -44,9 +51,11 @@ final class ReceiveConnection {
     }
 
     /// Takes ownership of `fd`, the read end of a connection.
-    init(takingOwnershipOf fd: Int32, limits: WireLimits, maxQueuedMessages: Int = PKPortLimits.default.maxQueuedMessages,
+    init(takingOwnershipOf fd: Int32, limits: WireLimits, accepted: Bool = false,
+         maxQueuedMessages: Int = PKPortLimits.default.maxQueuedMessages,
          maxQueuedBytes: Int = PKPortLimits.default.maxQueuedBytes) {
         self.fd = fd
+        self.accepted = accepted
         self.decoder = WireDecoder(limits: limits)
         self.maxQueuedMessages = maxQueuedMessages
         self.maxQueuedBytes = maxQueuedBytes
@@ -67,14 +76,12 @@ final class ReceiveConnection {
     }
 
     func leave(_ loop: PKRunLoop, mode: PKRunLoopMode) {
-        // Keep the source alive in no mode: a descriptor source removed from its last mode
-        // leaves the loop for good, so re-adding needs the port's next schedule.
         loop.remove(source, forMode: mode)
     }
 
     /// Reads once (up to `readChunk` bytes) and decodes what arrived into the queue.
     func read(into scratch: inout ReadScratch) -> ReadOutcome {
-        guard !closed, !finished else { return .endOfStream }
+        guard !closed, !finished, !failed else { return .endOfStream }
         var received: [Int32] = []
         var truncated = false
         var wouldBlock = false
@@ -120,8 +127,12 @@ final class ReceiveConnection {
             }
             guard let event else { break }
             switch event {
-            case .greeting:
+            case .greeting(let greeting):
                 hasGreeting = true
+                greetingDeadline = nil
+                if let peer, greeting.uid != peer.uid || greeting.pid != UInt32(bitPattern: peer.pid) {
+                    return .failed("the greeting claims pid \(greeting.pid) uid \(greeting.uid), but the kernel says pid \(peer.pid) uid \(peer.uid)")
+                }
             case .frame(let frame, let descriptors):
                 if frame.isControl {
                     // ATTACH_SENDER: the one descriptor is a new sender for this port.
@@ -181,17 +192,18 @@ final class ReceiveConnection {
     }
 
     func resumeIfDrained() {
-        guard readingPaused, queue.count - queueHead < maxQueuedMessages, queuedBytes < maxQueuedBytes else { return }
+        guard readingPaused, !failed, queue.count - queueHead < maxQueuedMessages, queuedBytes < maxQueuedBytes else { return }
         readingPaused = false
         source.events = .readable
     }
 
-    /// Checks the peer's credentials: only the same user may connect.
+    /// Reads the peer's credentials and refuses another user: only the same user may connect.
+    /// Returns the reason for refusing, or nil.
     func checkPeer() -> String? {
-        needsPeerCheck = false
-        guard let peer = try? Socket.peerCredentials(fd) else { return "cannot read the peer's credentials" }
-        if peer.uid != Socket.effectiveUserID {
-            return "the peer runs as uid \(peer.uid), not \(Socket.effectiveUserID)"
+        guard let credentials = try? Socket.peerCredentials(fd) else { return "cannot read the peer's credentials" }
+        peer = credentials
+        if credentials.uid != Socket.effectiveUserID {
+            return "the peer runs as uid \(credentials.uid), not \(Socket.effectiveUserID): only the same user may connect"
         }
         return nil
     }

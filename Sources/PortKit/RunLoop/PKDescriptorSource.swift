@@ -52,7 +52,7 @@ public final class PKDescriptorSource: @unchecked Sendable {
     ///   - events: what to watch (`hangUp` and `error` are reported regardless).
     ///   - handler: called on the loop's thread with the ready events.
     ///   - cancel: called once on the loop's thread when the source leaves its loop for good
-    ///     (invalidated, removed from its last mode, or the loop's thread ended).
+    ///     (invalidated, or the loop's thread ended).
     public init(
         descriptor: Int32, events: PKIOEvents = .readable,
         handler: @escaping (PKIOEvents) -> Void, cancel: (() -> Void)? = nil

@@ -174,8 +174,9 @@ extension PKRunLoop {
         }
     }
 
-    /// Removes a descriptor source from `mode`; removed from its last mode, it leaves the loop
-    /// for good and its `cancel` handler runs. Loop-only.
+    /// Removes a descriptor source from `mode` (`CFRunLoopRemoveSource`). Removed from its last
+    /// mode, the source stays valid and belongs to this loop: epoll stops watching it until it
+    /// is added to a mode again. Only `invalidate()` (or the thread's end) ends it. Loop-only.
     public func remove(_ source: PKDescriptorSource, forMode mode: PKRunLoopMode) {
         assertOwner("remove(_:forMode:)")
         guard source.loop === self else { return }
@@ -184,7 +185,10 @@ extension PKRunLoop {
             source.modes.remove(m)
             modeItems[m]?.descriptorTokens.remove(source.token)
         }
-        if source.modes.isEmpty { removeDescriptorSourceEverywhere(source) }
+        if source.modes.isEmpty {
+            unregister(source)
+            parkedSources.insert(source.token)
+        }
     }
 
     func removeDescriptorSourceEverywhere(_ source: PKDescriptorSource) {

@@ -1,0 +1,119 @@
+// One registered name: the lock file held for the owner's whole life, and the listening
+// socket whose connections become senders of the port.
+//
+// Registering: take the lock (flock, never waiting); with it held, remove a stale socket only
+// if lstat shows a socket of ours; bind a staging socket, listen, and rename it into place, so
+// a name appears only when it already accepts connections. Unregistering undoes it in reverse.
+
+final class NameRegistration {
+    let name: String
+    let directory: NameDirectory
+    private let lockFD: Int32
+    private let listenFD: Int32
+    private let socketInode: UInt64
+    private var listener: PKDescriptorSource?
+    private weak var port: PKReceivePort?
+    private(set) var isActive = true
+
+    /// Registers `name` for `port`, whose loop is the calling thread's. Loop-only.
+    init(name: String, port: PKReceivePort, directory: NameDirectory) throws(PKError) {
+        let paths = try directory.paths(for: name)
+        try directory.ensureSafe()
+        let lockFD = try Self.takeLock(paths.lock, name: name)
+        do throws(PKError) {
+            try Self.removeStale(paths.socket, name: name)
+            try Self.removeStale(paths.staging, name: name)
+            let listenFD = try Socket.listen(at: paths.staging)
+            do throws(PKError) {
+                let inode = try Files.status(of: listenFD).inode
+                try Files.rename(paths.staging, paths.socket)
+                self.listenFD = listenFD
+                self.socketInode = try Files.status(paths.socket)?.inode ?? inode
+            } catch {
+                Descriptor.close(listenFD)
+                _ = try? Files.unlink(paths.staging)
+                throw error
+            }
+        } catch {
+            Descriptor.close(lockFD)
+            throw error
+        }
+        self.name = name
+        self.directory = directory
+        self.lockFD = lockFD
+        self.port = port
+        let source = PKDescriptorSource(descriptor: listenFD, events: .readable) { [weak self] _ in
+            self?.acceptWaiting()
+        }
+        listener = source
+        do throws(PKError) { try port.attachCompanion(source) } catch {
+            listener = nil
+            end()
+            throw error
+        }
+    }
+
+    deinit { end() }
+
+    /// Accepts every waiting connection and hands it to the port.
+    private func acceptWaiting() {
+        guard let port else { return }
+        for _ in 0..<64 {
+            switch try? Socket.accept(listenFD) {
+            case .done(let fd): port.adoptAccepted(fd)
+            case .wouldBlock, nil: return
+            }
+        }
+    }
+
+    /// Removes the name: the socket file (if it is still ours), the listener, the lock file,
+    /// then the lock. Loop-only; idempotent.
+    func end() {
+        guard isActive else { return }
+        isActive = false
+        if let listener, let port { port.detachCompanion(listener) } else { listener?.invalidate() }
+        listener = nil
+        let socketPath = directory.socketPath(name)
+        if let status = try? Files.status(socketPath), status.kind == .socket, status.inode == socketInode {
+            _ = try? Files.unlink(socketPath)
+        }
+        Descriptor.close(listenFD)
+        // Unlink the lock file while holding the lock; a registrant that opened the old file
+        // notices (its inode no longer matches the path) and tries again.
+        _ = try? Files.unlink(directory.lockPath(name))
+        Descriptor.close(lockFD)
+    }
+
+    /// Opens and locks the lock file; fails at once if a live owner holds it.
+    private static func takeLock(_ path: String, name: String) throws(PKError) -> Int32 {
+        for _ in 0..<16 {
+            let fd = try Files.openLockFile(path)
+            let locked: Bool
+            do throws(PKError) { locked = try Files.tryLock(fd) } catch {
+                Descriptor.close(fd)
+                throw error
+            }
+            guard locked else {
+                Descriptor.close(fd)
+                throw PKError(.nameInUse, "the port name \"\(name)\" is registered by a live owner")
+            }
+            // The lock counts only if the file we locked is still the one at the path.
+            let held = try? Files.status(of: fd)
+            let current = try Files.status(path)
+            if let held, let current, held.inode == current.inode, current.kind == .regular {
+                return fd
+            }
+            Descriptor.close(fd)
+        }
+        throw PKError(.nameInUse, "the port name \"\(name)\" is changing hands too fast to register")
+    }
+
+    /// With the lock held: removes a leftover socket of a dead owner, only if it is a socket of ours.
+    private static func removeStale(_ path: String, name: String) throws(PKError) {
+        guard let status = try Files.status(path) else { return }
+        guard status.kind == .socket, status.owner == Socket.effectiveUserID else {
+            throw PKError(.unsafeDirectory, "\(path) is in the way of the name \"\(name)\" and is not a socket of this user's; PortKit will not remove it")
+        }
+        try Files.unlink(path)
+    }
+}

@@ -1,0 +1,146 @@
+// The name server (NSMessagePortNameServer, CFMessagePort names): register a receive port under
+// a name; look a name up from any thread or process of the same user.
+
+import Synchronization
+
+/// Registers receive ports by name and looks names up (`NSMessagePortNameServer`,
+/// `CFMessagePortCreateLocal`/`CFMessagePortCreateRemote` with a name).
+///
+/// Names live in a per-user directory: `$PORTKIT_NAME_DIRECTORY` if set, else
+/// `$XDG_RUNTIME_DIR/portkit`, else `/tmp/portkit-<uid>`. PortKit refuses a directory that is a
+/// symbolic link, belongs to another user, or is open to group or others, and says why.
+/// A name is 1 to 64 characters from `A-Z a-z 0-9 . _ -`, not starting with a dot.
+///
+/// A registered name is a Unix socket plus a lock file held for the owner's whole life: a
+/// second registrant of a live name fails with `.nameInUse`; when the owner dies, even by
+/// `kill -9`, the kernel drops the lock and the name is free again at once. Every connection is
+/// checked with `SO_PEERCRED`: only the same user may connect, either way.
+///
+/// The same calls work between threads of one process and between processes.
+public struct PKNameServer: Sendable {
+    /// The directory holding the names.
+    public let directory: String
+
+    /// The name server in the default directory.
+    public static var shared: PKNameServer { PKNameServer() }
+
+    /// A name server in `directory` (the default when `nil`).
+    public init(directory: String? = nil) {
+        self.directory = directory ?? NameDirectory.defaultPath()
+    }
+
+    private var names: NameDirectory { NameDirectory(path: directory) }
+
+    /// Registers `port` under `name` (`-[NSPortNameServer registerPort:name:]`). Loop-only: call
+    /// it on the thread of the loop the port is scheduled on. The name lasts until
+    /// `unregister`, the port's invalidation, or the process's end.
+    ///
+    /// - Throws: `PKError` with `.badName`, `.nameInUse`, `.unsafeDirectory`, `.invalidPort`
+    ///   (the port is invalid or not scheduled), or `.system`.
+    public func register(_ port: PKReceivePort, name: String) throws(PKError) {
+        guard port.isValid else { throw PKError(.invalidPort, "cannot register an invalidated port") }
+        guard let loop = port.runLoop else {
+            throw PKError(.invalidPort, "schedule the port on a run loop before registering it")
+        }
+        loop.assertOwner("PKNameServer.register(_:name:)")
+        let registration = try NameRegistration(name: name, port: port, directory: names)
+        let key = RegistryKey(directory: directory, name: name)
+        registry.withLock { $0[key] = UncheckedBox(registration) }
+        port.addInvalidationHook {
+            registration.end()
+            _ = registry.withLock { $0.removeValue(forKey: key) }
+        }
+    }
+
+    /// Removes a name this process registered (`-[NSPortNameServer removePortForName:]`).
+    /// Call it on the thread of the registered port's loop. The port stays valid.
+    ///
+    /// - Throws: `PKError` with `.nameNotFound` if this process has not registered `name`.
+    public func unregister(name: String) throws(PKError) {
+        try NameDirectory.validate(name)
+        let key = RegistryKey(directory: directory, name: name)
+        guard let registration = registry.withLock({ $0.removeValue(forKey: key) }) else {
+            throw PKError(.nameNotFound, "this process has not registered the name \"\(name)\"")
+        }
+        registration.value.end()
+    }
+
+    /// A send right to the port registered under `name` (`-[NSPortNameServer portForName:]`).
+    /// Safe from any thread.
+    ///
+    /// - Throws: `PKError` with `.nameNotFound` (no live owner), `.badName`,
+    ///   `.permissionDenied` (the owner is another user), `.unsafeDirectory`, or `.system`.
+    public func lookUp(_ name: String) throws(PKError) -> PKSendPort {
+        let paths = try names.paths(for: name)
+        try names.ensureSafe()
+        switch Socket.connect(to: paths.socket) {
+        case .success(let fd):
+            return try Self.finishConnection(fd, name: name)
+        case .failure(.noSuchName), .failure(.refused):
+            throw PKError(.nameNotFound, "no live port is registered under \"\(name)\" in \(directory)")
+        case .failure(.busy):
+            throw PKError(.nameNotFound, "the port registered under \"\(name)\" is not accepting connections (its backlog is full)")
+        case .failure(.system(let error)):
+            throw error
+        }
+    }
+
+    /// A send right to the port registered under `name`, waiting until `deadline` for the
+    /// name to appear (`-[NSPortNameServer portForName:host:]` with a wait). It waits on
+    /// inotify, not by polling. Safe from any thread; it blocks the calling thread.
+    ///
+    /// - Throws: as `lookUp(_:)`, with `.nameNotFound` once the deadline passes.
+    public func lookUp(_ name: String, waitingUntil deadline: PKDeadline) throws(PKError) -> PKSendPort {
+        let paths = try names.paths(for: name)
+        try names.ensureSafe()
+        let watch = try Inotify.watchDirectory(directory)
+        defer { Descriptor.close(watch) }
+        let socketFile = "\(name).sock"
+        while true {
+            switch Socket.connect(to: paths.socket) {
+            case .success(let fd):
+                return try Self.finishConnection(fd, name: name)
+            case .failure(.system(let error)):
+                throw error
+            case .failure(.noSuchName), .failure(.refused), .failure(.busy):
+                break
+            }
+            // Wait for the name to be (re)created: the owner renames its socket into place.
+            while !Inotify.sawName(watch, socketFile) {
+                let timeout = deadline.pollTimeoutMilliseconds(now: monotonicNanoseconds())
+                if timeout == 0 {
+                    throw PKError(.nameNotFound, "no port was registered under \"\(name)\" in \(directory) before the deadline")
+                }
+                _ = try Descriptor.poll(watch, events: Int16(1), timeoutMilliseconds: timeout)
+            }
+        }
+    }
+
+    /// A send right to the port registered under `name`, waiting at most `timeout`.
+    public func lookUp(_ name: String, timeout: Duration) throws(PKError) -> PKSendPort {
+        try lookUp(name, waitingUntil: .after(timeout))
+    }
+
+    /// Checks the owner's uid, writes the greeting, and wraps the socket as a send right.
+    private static func finishConnection(_ fd: Int32, name: String) throws(PKError) -> PKSendPort {
+        do throws(PKError) {
+            let peer = try Socket.peerCredentials(fd)
+            if peer.uid != Socket.effectiveUserID {
+                throw PKError(.permissionDenied, "the port \"\(name)\" belongs to uid \(peer.uid), not to this user")
+            }
+            try ConnectionSetup.writeGreeting(fd)
+        } catch {
+            Descriptor.close(fd)
+            throw error
+        }
+        return PKSendPort(connection: SendConnection(takingOwnershipOf: fd))
+    }
+}
+
+private struct RegistryKey: Hashable, Sendable {
+    let directory: String
+    let name: String
+}
+
+/// This process's registrations, for `unregister(name:)`.
+private let registry = Mutex<[RegistryKey: UncheckedBox<NameRegistration>]>([:])

@@ -1,0 +1,111 @@
+import Testing
+import Foundation
+@testable import PortKit
+
+/// A private name directory for one test, removed afterwards.
+final class TemporaryNameDirectory: Sendable {
+    let path: String
+    var server: PKNameServer { PKNameServer(directory: path) }
+
+    init() {
+        path = "/tmp/pk-ns-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+    }
+
+    deinit { try? FileManager.default.removeItem(atPath: path) }
+}
+
+@Suite struct NameServerTests {
+    @Test func registerLookUpAndSendBetweenThreads() throws {
+        let dir = TemporaryNameDirectory()
+        let server = dir.server
+        let got = Locked<[String]>([])
+        let registered = TestLatch<Bool>()
+        let owner = TestThread {
+            let loop = PKRunLoop.current
+            let port = PKReceivePort { message in
+                got.withLock { $0.append(message.text) }
+                try? message.replyPort?.send(PKPortMessage(msgid: 2, data: Array("ack".utf8)), timeout: .seconds(5))
+                if message.msgid == 9 { loop.stop() }
+            }
+            try? loop.add(port, forMode: .default)
+            do { try server.register(port, name: "owner.port") } catch { registered.set(false); return }
+            registered.set(true)
+            loop.run(in: .default, until: .after(.seconds(20)))
+            port.invalidate()
+        }
+        #expect(try registered.wait())
+        let right = try server.lookUp("owner.port")
+        try onLoopThread { _ in
+            let reply = try right.sendRequest(PKPortMessage(msgid: 1, data: Array("hi".utf8)), sendTimeout: .seconds(5), receiveTimeout: .seconds(5))
+            #expect(reply?.text == "ack")
+        }
+        try right.send(PKPortMessage(msgid: 9, data: Array("bye".utf8)), timeout: .seconds(5))
+        try owner.join()
+        #expect(got.value == ["hi", "bye"])
+        // The port's invalidation removed the name.
+        #expect(throws: PKError.self) { _ = try server.lookUp("owner.port") }
+        #expect(!FileManager.default.fileExists(atPath: dir.path + "/owner.port.sock"))
+    }
+
+    @Test func secondRegistrantOfLiveNameFails() throws {
+        let dir = TemporaryNameDirectory()
+        try onLoopThread { loop in
+            let a = PKReceivePort()
+            let b = PKReceivePort()
+            try loop.add(a, forMode: .default)
+            try loop.add(b, forMode: .default)
+            try dir.server.register(a, name: "taken")
+            #expect { try dir.server.register(b, name: "taken") } throws: { ($0 as? PKError)?.code == .nameInUse }
+            try dir.server.unregister(name: "taken")
+            try dir.server.register(b, name: "taken")
+            a.invalidate(); b.invalidate()
+        }
+    }
+
+    @Test(arguments: ["", ".hidden", "has space", "slash/name", String(repeating: "x", count: 65), "ünicode"])
+    func badNamesAreRejected(name: String) throws {
+        let dir = TemporaryNameDirectory()
+        #expect { _ = try dir.server.lookUp(name) } throws: { ($0 as? PKError)?.code == .badName }
+    }
+
+    @Test func lookUpWaitsForNameToAppear() throws {
+        let dir = TemporaryNameDirectory()
+        let server = dir.server
+        let registerer = TestThread {
+            sleepFor(.milliseconds(100))
+            let loop = PKRunLoop.current
+            let port = PKReceivePort { _ in loop.stop() }
+            try? loop.add(port, forMode: .default)
+            try? server.register(port, name: "late")
+            loop.run(in: .default, until: .after(.seconds(20)))
+            port.invalidate()
+        }
+        let right = try server.lookUp("late", timeout: .seconds(10))
+        try right.send(PKPortMessage(msgid: 1), timeout: .seconds(5))
+        try registerer.join()
+        #expect { _ = try server.lookUp("never", timeout: .milliseconds(100)) } throws: { ($0 as? PKError)?.code == .nameNotFound }
+    }
+
+    @Test func unsafeDirectoriesAreRefused() throws {
+        let base = TemporaryNameDirectory()
+        try FileManager.default.createDirectory(atPath: base.path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        // Open to others.
+        let open = base.path + "/open"
+        try FileManager.default.createDirectory(atPath: open, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o777])
+        chmod(open, 0o777)
+        #expect { _ = try PKNameServer(directory: open).lookUp("x") } throws: { ($0 as? PKError)?.code == .unsafeDirectory }
+        // A symbolic link to a good directory.
+        let good = base.path + "/good"
+        try FileManager.default.createDirectory(atPath: good, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o700])
+        let link = base.path + "/link"
+        try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: good)
+        #expect { _ = try PKNameServer(directory: link).lookUp("x") } throws: { ($0 as? PKError)?.code == .unsafeDirectory }
+        // Owned by someone else (needs root to make).
+        if getuid() == 0 {
+            let foreign = base.path + "/foreign"
+            try FileManager.default.createDirectory(atPath: foreign, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o700])
+            chown(foreign, 65534, 65534)
+            #expect { _ = try PKNameServer(directory: foreign).lookUp("x") } throws: { ($0 as? PKError)?.code == .unsafeDirectory }
+        }
+    }
+}
