@@ -87,3 +87,35 @@ int pk_inotify_saw_name(int fd, const char *name) {
         }
     }
 }
+
+#include <spawn.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+
+extern char **environ;
+
+/// posix_spawn(3) of `path` with `argv` and `envp` (NULL: this process's environment); each
+/// `from[i]` descriptor becomes `to[i]` in the child (dup2 clears close-on-exec there).
+int pk_spawn(pid_t *pid, const char *path, char *const argv[], char *const envp[],
+             const int *from, const int *to, int count) {
+    posix_spawn_file_actions_t actions;
+    int rc = posix_spawn_file_actions_init(&actions);
+    if (rc != 0) return rc;
+    for (int i = 0; i < count && rc == 0; i++) {
+        rc = posix_spawn_file_actions_adddup2(&actions, from[i], to[i]);
+    }
+    if (rc == 0) rc = posix_spawn(pid, path, &actions, NULL, argv, envp ? envp : environ);
+    posix_spawn_file_actions_destroy(&actions);
+    return rc;
+}
+
+int pk_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
+
+/// waitpid(2) without blocking; returns the pid when it ended (status in *status), 0 if it runs.
+int pk_waitpid_nohang(pid_t pid, int *status) { return waitpid(pid, status, WNOHANG); }
+
+int pk_exit_status(int status, int *code, int *signal) {
+    if (WIFEXITED(status)) { *code = WEXITSTATUS(status); *signal = 0; return 1; }
+    if (WIFSIGNALED(status)) { *code = -1; *signal = WTERMSIG(status); return 1; }
+    return 0;
+}

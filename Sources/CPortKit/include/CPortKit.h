@@ -129,6 +129,17 @@ static const unsigned int PK_S_IFDIR = S_IFDIR;
 static const unsigned int PK_S_IFREG = S_IFREG;
 static const unsigned int PK_S_IFLNK = S_IFLNK;
 
+/// posix_spawn(3) with descriptors `from[i]` placed at `to[i]` in the child; `envp` NULL keeps
+/// this process's environment. Returns 0 or an errno value.
+int pk_spawn(pid_t *pid, const char *path, char *const argv[], char *const envp[],
+             const int *from, const int *to, int count);
+/// pidfd_open(2).
+int pk_pidfd_open(pid_t pid);
+/// waitpid(2) with WNOHANG.
+int pk_waitpid_nohang(pid_t pid, int *status);
+/// Decodes a wait status: 1 if it ended, with its exit code or the signal that killed it.
+int pk_exit_status(int status, int *code, int *signal);
+
 /// Names the calling thread (at most 15 bytes are kept).
 void pk_set_thread_name(const char *name);
 

@@ -72,80 +72,20 @@ public final class PKWorkerThread: @unchecked Sendable {
         setUp: @escaping @Sendable (PKWorkerContext) throws -> Void
     ) throws(PKError) {
         self.name = name
-        let loop = PKRunLoop.current
-        let mode = PKRunLoopMode("PKCheckInMode-\(ObjectIdentifier(loop).hashValue)-\(workerCounter.add(1, ordering: .relaxed).newValue)")
-        var machine = CheckInStateMachine()
-        var action = CheckInStateMachine.Action.wait
-        var workerPort: PKSendPort?
-        var data: [UInt8] = []
-
-        let checkInPort = PKReceivePort { message in
-            guard action == .wait else { return }
-            action = machine.handle(.message(msgid: message.msgid, hasReplyPort: message.replyPort != nil))
-            if action == .acceptWorker {
-                workerPort = message.replyPort
-                data = message.data
-            }
-        }
-        checkInPort.onNoSenders = {
-            if action == .wait { action = machine.handle(.workerGone) }
-        }
-        defer { checkInPort.invalidate() }
-        try loop.add(checkInPort, forMode: mode)
-        // A connection of the worker's own: when its thread ends, the connection closes and
-        // the launcher learns the worker is gone.
-        let checkInRight = PKSendPort(connection: SendConnection(takingOwnershipOf: try checkInPort.makeTransferDescriptor()))
-
+        let listener = try CheckInListener()
+        let checkInRight = PKSendPort(connection: SendConnection(takingOwnershipOf: try listener.makeWorkerConnection()))
         let finished = Semaphore()
         self.finished = finished
         thread = try SystemThread(name: name) {
-            Self.workerMain(name: name, mainPort: mainPort, checkInRight: checkInRight, setUp: setUp)
+            WorkerRuntime.serve(name: name, mainPort: mainPort, checkInRight: checkInRight, setUp: setUp)
             finished.signal()
         }
-
-        let deadline = PKDeadline.after(checkInTimeout)
-        while action == .wait {
-            if loop.run(in: mode, until: deadline, returnAfterSourceHandled: true) == .timedOut, action == .wait {
-                action = machine.handle(.deadlinePassed)
-            }
-        }
-        guard action == .acceptWorker, let workerPort else {
+        do throws(PKError) {
+            (port, checkInData) = try listener.wait(for: name, until: .after(checkInTimeout))
+        } catch {
             thread.detach()
-            if case .fail(let code, let reason) = action { throw PKError(code, "worker \(name): \(reason)") }
-            throw PKError(.checkInFailed, "worker \(name) did not check in")
+            throw error
         }
-        self.port = workerPort
-        self.checkInData = data
-    }
-
-    /// The worker thread's whole life: Listings 3-14 and 3-15.
-    private static func workerMain(
-        name: String, mainPort: PKSendPort?, checkInRight: PKSendPort,
-        setUp: @Sendable (PKWorkerContext) throws -> Void
-    ) {
-        let loop = PKRunLoop.current
-        let port = PKReceivePort()
-        guard (try? loop.add(port, forMode: .default)) != nil else { return }
-        let context = PKWorkerContext(loop: loop, port: port, mainPort: mainPort, checkInPort: checkInRight, name: name)
-        defer {
-            port.invalidate()
-            checkInRight.invalidate()
-        }
-        do { try setUp(context) } catch { return }
-
-        let userHandler = port.handler
-        port.handler = { [unowned context] message in
-            if message.msgid == PKCheckIn.stopMessageID { context.shouldExit = true; return }
-            userHandler(message)
-        }
-        // Listing 3-15: send the check-in message, the worker's port as the reply port.
-        let checkIn = PKPortMessage(msgid: PKCheckIn.messageID, data: context.checkInData, replyPort: port.makeSendRight())
-        guard (try? checkInRight.send(checkIn, before: .after(PKCheckIn.defaultTimeout))) != nil else { return }
-        checkInRight.invalidate()
-        // Listing 3-14: let the run loop process things until told to exit.
-        repeat {
-            loop.run(in: .default, until: .distantFuture, returnAfterSourceHandled: true)
-        } while !context.shouldExit && port.isValid
     }
 
     /// Asks the worker to stop, and waits for its thread to end.
@@ -169,4 +109,3 @@ public final class PKWorkerThread: @unchecked Sendable {
     }
 }
 
-private let workerCounter = Atomic<UInt64>(0)

@@ -73,6 +73,10 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     private var greetingTimer: PKTimer?
     private var isDelivering = false
     private var invalidationDelivered = false
+    /// A scheduled port is kept alive by its loop, as `-[NSRunLoop addPort:forMode:]` retains
+    /// its port: the guide's ports live in no variable but the run loop. Released when the port
+    /// leaves its last mode or is invalidated.
+    private var keptByLoop: PKReceivePort?
     private var readBuffer: ReadScratch
     let logger = Logger(label: "PortKit.PKReceivePort")
 
@@ -191,6 +195,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         guard isValid else { throw PKError(.invalidPort, "cannot schedule an invalidated port") }
         precondition(bound === loop, "PKRunLoop.add(_:forMode:): a receive port belongs to the run loop it was first scheduled on")
         if !modes.contains(mode) { modes.append(mode) }
+        keptByLoop = self
         loop.add(adopter, forMode: mode)
         for connection in connections.values { try loop.add(connection.source, forMode: mode) }
         for companion in companions { try loop.add(companion, forMode: mode) }
@@ -201,6 +206,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     func unschedule(from loop: PKRunLoop, mode: PKRunLoopMode) {
         guard runLoop === loop else { return }
         modes.removeAll { $0 == mode }
+        let kept = keptByLoop
+        if modes.isEmpty { keptByLoop = nil }
+        defer { withExtendedLifetime(kept) {} }
         loop.remove(adopter, forMode: mode)
         for connection in connections.values { connection.leave(loop, mode: mode) }
         for companion in companions { loop.remove(companion, forMode: mode) }
@@ -298,17 +306,25 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
 
     private func adopterCancelled() {
         // The adopter leaves a mode when the port is unscheduled (nothing to do) or for good
-        // when the loop's thread ends (the port dies with it).
-        if !adopter.isValid { invalidate() }
+        // when the loop's thread ends (the port dies with it). An invalidation another thread
+        // requested that the loop never ran is finished here too, on the loop's thread.
+        guard !adopter.isValid else { return }
+        invalidate()
+        if isOwnedByCurrentThread { finishInvalidation() }
     }
 
     private func performDeferredWork() {
-        if shared.withLock({ $0.invalidationRequested }) { finishInvalidation() } else { adoptPending() }
+        if shared.withLock({ $0.invalidationRequested }) { finishInvalidation(); return }
+        adoptPending()
+        deliverQueuedMessages()  // what a sender on this thread read into the queues
     }
 
     private func finishInvalidation() {
         guard !invalidationDelivered else { return }
         invalidationDelivered = true
+        let kept = keptByLoop
+        keptByLoop = nil
+        defer { withExtendedLifetime(kept) {} }
         let (pending, local, watchers) = shared.withLock { state in
             defer { state.pendingAdoptions = []; state.localConnection = nil; state.watchers = [:] }
             return (state.pendingAdoptions, state.localConnection, Array(state.watchers.values))
@@ -377,14 +393,13 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         }
         let outcome = connection.read(into: &readBuffer)
         switch outcome {
-        case .more, .paused:
+        case .more, .idle, .paused:
             break
         case .endOfStream:
-            connection.finished = true
+            break
         case .failed(let error):
             // Frames that arrived before the error are still delivered, then the connection goes.
             logger.notice("closing a connection that broke the protocol: \(error)")
-            connection.failed = true
         }
         if connection.hasGreeting, connection.greetingDeadline == nil, let loop = runLoop, greetingTimer != nil {
             armGreetingTimer(loop)
@@ -422,11 +437,17 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     }
 
     /// Reads what every connection has waiting into its queue without delivering, to make room
-    /// for a sender on this very thread. Returns whether anything was read.
+    /// for a sender on this very thread. Returns whether anything was read with room to spare
+    /// (a connection with nothing to read is no progress: the sender would retry forever).
     func drainConnectionsIntoQueues() -> Bool {
         var progressed = false
         for connection in Array(connections.values) where !connection.readingPaused {
             if case .more = connection.read(into: &readBuffer) { progressed = true }
+        }
+        // What was read waits in the queues, maybe with reading paused and so no descriptor
+        // event to come: the loop's next pass in the port's modes delivers it.
+        if connections.values.contains(where: { $0.hasQueuedMessages || $0.finished || $0.failed }) {
+            adopter.signal()
         }
         return progressed
     }

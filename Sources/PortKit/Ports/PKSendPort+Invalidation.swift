@@ -1,16 +1,21 @@
 // Learning that a send right became invalid (NSPortDidBecomeInvalidNotification for a remote
 // port): a watch on the connection's hang-up, delivered on a chosen loop.
 
+import Glibc
+
 /// A registration made by `PKSendPort.watchInvalidation(on:forMode:_:)`; cancel it to stop
 /// watching. Loop-only (the loop the watch was made on).
 public final class PKInvalidationWatch: @unchecked Sendable {
     private var source: PKDescriptorSource?
     private var connection: SendConnection?
+    /// The watch's own duplicate of the connection's descriptor, closed when the watch ends.
+    private var descriptor: Int32?
     private let localToken: (PKReceivePort, Int)?
 
-    init(source: PKDescriptorSource, connection: SendConnection) {
+    init(source: PKDescriptorSource, connection: SendConnection, descriptor: Int32) {
         self.source = source
         self.connection = connection
+        self.descriptor = descriptor
         self.localToken = nil
     }
 
@@ -20,15 +25,15 @@ public final class PKInvalidationWatch: @unchecked Sendable {
 
     /// Stops watching; the handler will not be called. Loop-only.
     public func cancel() {
-        source?.invalidate()
-        source = nil
-        connection = nil
+        fired()
         if let (port, token) = localToken { port.removeInvalidationWatcher(token) }
     }
 
     func fired() {
         source?.invalidate()
         source = nil
+        if let descriptor { Descriptor.close(descriptor) }
+        descriptor = nil
         connection = nil
     }
 }
@@ -54,16 +59,28 @@ extension PKSendPort {
             let token = port.addInvalidationWatcher(loop: loop, mode: mode, handler)
             return PKInvalidationWatch(port: port, token: token)
         case .connection(let connection):
+            // A loop's epoll registers a descriptor once: each watch (several watches, or a
+            // watch and a request's, on one right) watches a duplicate of its own.
+            let descriptor = try SystemCall.run("fcntl(F_DUPFD_CLOEXEC)") { fcntl(connection.fd, F_DUPFD_CLOEXEC, 0) }
             var watch: PKInvalidationWatch?
-            let source = PKDescriptorSource(descriptor: connection.fd, events: .hangUp) { events in
+            let source = PKDescriptorSource(descriptor: descriptor, events: .hangUp, handler: { events in
                 guard !events.intersection([.hangUp, .error]).isEmpty else { return }
                 watch?.fired()
                 watch = nil
                 handler()
+            }, cancel: {
+                // The source left its loop for good (cancelled, or the thread ended): close.
+                watch?.fired()
+                watch = nil
+            })
+            let made = PKInvalidationWatch(source: source, connection: connection, descriptor: descriptor)
+            watch = made
+            do throws(PKError) { try loop.add(source, forMode: mode) } catch {
+                watch = nil
+                made.cancel()
+                throw error
             }
-            watch = PKInvalidationWatch(source: source, connection: connection)
-            try loop.add(source, forMode: mode)
-            return watch!
+            return made
         }
     }
 }

@@ -49,15 +49,14 @@ extension PKSendPort {
         try send(request, before: .after(sendTimeout))
         request.replyPort = nil
 
-        // Watch the remote port's connection: its death ends the wait at once.
-        var watch: PKDescriptorSource?
-        if let connection = watchableConnection {
-            let source = PKDescriptorSource(descriptor: connection.fd, events: .hangUp) { events in
-                if !events.intersection([.hangUp, .error]).isEmpty { outcome.remoteDied = true }
-            }
-            if (try? loop.add(source, forMode: mode)) != nil { watch = source }
-        }
-        defer { watch?.invalidate() }
+        // Watch the remote port, whether reached through a connection of its own or a local
+        // right (whose port's death closes no connection of ours): its death ends the wait at
+        // once. The watch signals a source of the private mode, so the run returns.
+        let died = PKCustomSource { outcome.remoteDied = true }
+        loop.add(died, forMode: mode)
+        defer { died.invalidate() }
+        let watch = try? watchInvalidation(on: loop, forMode: mode) { died.signal() }
+        defer { watch?.cancel() }
 
         let deadline = PKDeadline.after(receiveTimeout)
         while outcome.reply == nil && !outcome.remoteDied && !outcome.abandoned {

@@ -147,7 +147,8 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
 final class SendConnection: @unchecked Sendable {
     let fd: Int32
     /// The receive port, when it lives in this process and this connection was made for it here.
-    weak let localReceiver: PKReceivePort?
+    /// Set once at creation, then only read.
+    private(set) weak var localReceiver: PKReceivePort?
     private let lock = Mutex<State>(State())
 
     struct State {

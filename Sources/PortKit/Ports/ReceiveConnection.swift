@@ -43,6 +43,8 @@ final class ReceiveConnection {
 
     enum ReadOutcome {
         case more
+        /// Nothing to read just now (the socket would block).
+        case idle
         case paused
         case endOfStream
         case failed(String)
@@ -79,8 +81,19 @@ final class ReceiveConnection {
         loop.remove(source, forMode: mode)
     }
 
-    /// Reads once (up to `readChunk` bytes) and decodes what arrived into the queue.
+    /// Reads once (up to `readChunk` bytes) and decodes what arrived into the queue. At the end
+    /// of the stream `finished` is set; on a protocol error, `failed`.
     func read(into scratch: inout ReadScratch) -> ReadOutcome {
+        let outcome = readOnce(into: &scratch)
+        switch outcome {
+        case .endOfStream: finished = true
+        case .failed: failed = true
+        case .more, .idle, .paused: break
+        }
+        return outcome
+    }
+
+    private func readOnce(into scratch: inout ReadScratch) -> ReadOutcome {
         guard !closed, !finished, !failed else { return .endOfStream }
         var received: [Int32] = []
         var truncated = false
@@ -103,7 +116,7 @@ final class ReceiveConnection {
         } catch {
             return .failed("reading failed: \(error)")
         }
-        if wouldBlock { return .more }
+        if wouldBlock { return .idle }
         decoder.append(descriptors: received)
         if truncated {
             return .failed("the peer sent more descriptors than a message may carry, or the kernel truncated them (MSG_CTRUNC)")

@@ -162,16 +162,21 @@ extension PKRunLoop {
         }
         if mode == .common { commonItems.descriptorTokens.insert(source.token) }
         for m in resolve(mode) { insert(source, into: m) }
-        if let currentMode, source.modes.contains(currentMode), source.registeredEvents == nil {
+        // Watch it now unless the loop runs a mode the source is not in: a loop that is not
+        // running may be hosted through `descriptor`, which must become readable for it, and
+        // epoll's refusal is reported here, by this call.
+        let watchedNow = currentMode.map { source.modes.contains($0) } ?? true
+        if watchedNow, source.registeredEvents == nil {
             do throws(PKError) {
                 try register(source)
             } catch {
                 removeDescriptorSourceEverywhere(source)
                 throw error
             }
-        } else if source.registeredEvents == nil {
-            parkedSources.insert(source.token)
         }
+        // Not registered (another mode runs, or `events` is empty): the next pass in one of its
+        // modes registers it.
+        if source.registeredEvents == nil { parkedSources.insert(source.token) }
     }
 
     /// Removes a descriptor source from `mode` (`CFRunLoopRemoveSource`). Removed from its last

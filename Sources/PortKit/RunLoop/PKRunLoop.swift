@@ -6,9 +6,10 @@
 //     repeat {
 //         notify beforeTimers; notify beforeSources
 //         run perform blocks; perform signalled custom sources
-//         if a source was handled: poll instead of sleeping
-//         notify beforeWaiting; epoll_wait (until the earliest timer / the deadline); notify afterWaiting
-//         handle what woke it: due timers, the wake-up, ready descriptor sources
+//         if a source was handled, work is pending or the deadline has passed: poll, do not sleep
+//         if sleeping: notify beforeWaiting; epoll_wait (until the earliest timer / the deadline);
+//                      notify afterWaiting
+//         handle what woke it: the wake-up, due timers, then ready descriptor sources
 //         run perform blocks
 //     } until handled-and-asked-to-return | timed out | stopped | the mode is empty
 //     notify exit
@@ -163,7 +164,9 @@ public final class PKRunLoop: @unchecked Sendable {
         currentMode = mode
         defer {
             currentMode = previous
-            armTimer(for: previous)
+            // After the outermost run, stay armed for the mode just run: a loop hosted through
+            // `descriptor` learns that way when its next timer is due.
+            armTimer(for: previous ?? mode)
         }
         notifyObservers(.entry, mode)
         let result = runPasses(mode, deadline, returnAfterSourceHandled)
@@ -206,6 +209,8 @@ public final class PKRunLoop: @unchecked Sendable {
         let capacity: Int32 = 64
         var readyEvents = [UInt32](repeating: 0, count: Int(capacity))
         var readyTokens = [UInt64](repeating: 0, count: Int(capacity))
+        // A stop requested while the loop was not running ends this run before it does anything.
+        if stopRequested.exchange(false, ordering: .acquiringAndReleasing) { return .stopped }
         while true {
             if !parkedSources.isEmpty { registerParkedSources(for: mode) }
             notifyObservers(.beforeTimers, mode)
@@ -218,34 +223,39 @@ public final class PKRunLoop: @unchecked Sendable {
             let pollOnly = handledSource || hasPendingWork(mode)
             armTimer(for: mode)
             let timeout: Int32 = pollOnly ? 0 : deadline.pollTimeoutMilliseconds(now: monotonicNanoseconds())
-            if !pollOnly { notifyObservers(.beforeWaiting, mode) }
+            // A pass that will not sleep (something ready, or the deadline passed) does not say so.
+            let sleeps = timeout != 0
+            if sleeps { notifyObservers(.beforeWaiting, mode) }
             let count = readyEvents.withUnsafeMutableBufferPointer { events in
                 readyTokens.withUnsafeMutableBufferPointer { tokens in
                     (try? Epoll.wait(epollFD, events: events.baseAddress!, tokens: tokens.baseAddress!, capacity: capacity, timeoutMilliseconds: timeout)) ?? 0
                 }
             }
-            if !pollOnly { notifyObservers(.afterWaiting, mode) }
+            if sleeps { notifyObservers(.afterWaiting, mode) }
 
-            var timersDue = false
             for index in 0..<count {
                 switch readyTokens[index] {
                 case Token.wake:
                     EventFD.drain(wakeFD)
-                    wakePending.store(false, ordering: .releasing)
+                    // An exchange, not a store: it acquires whatever a waker published before it
+                    // found a wake-up already pending (and so did not write the eventfd).
+                    _ = wakePending.exchange(false, ordering: .acquiringAndReleasing)
                 case Token.timer:
                     TimerFD.drain(timerFD)
                     armedTimer = nil
-                    timersDue = true
                 default:
-                    if handledSource && returnAfter { continue }
-                    if handleDescriptorEvent(token: readyTokens[index], mask: readyEvents[index], mode: mode) {
-                        handledSource = true
-                    }
+                    break
                 }
             }
-            // Timers that are due fire even if the timerfd has not been read yet.
-            _ = timersDue
+            // Due timers first (even if the timerfd has not been read yet), then ready
+            // descriptor sources, as the pass above documents.
             fireDueTimers(mode)
+            for index in 0..<count where readyTokens[index] >= Token.firstSource {
+                if handledSource && returnAfter { break }
+                if handleDescriptorEvent(token: readyTokens[index], mask: readyEvents[index], mode: mode) {
+                    handledSource = true
+                }
+            }
             runPerformBlocks(mode)
 
             if handledSource && returnAfter { return .handledSource }
@@ -292,7 +302,10 @@ public final class PKRunLoop: @unchecked Sendable {
     private func performCustomSources(_ mode: PKRunLoopMode) -> Bool {
         guard let sources = modeItems[mode]?.customSources, !sources.isEmpty else { return false }
         var handled = false
-        for source in sources where source.performIfSignalled() { handled = true }
+        // `sources` is a snapshot: skip one that an earlier callback removed from the mode.
+        for source in sources where source.isSignalled && contains(source, in: mode) && source.performIfSignalled() {
+            handled = true
+        }
         return handled
     }
 
@@ -301,9 +314,18 @@ public final class PKRunLoop: @unchecked Sendable {
         let now = monotonicNanoseconds()
         let due = timers.filter { $0.isValid && !$0.isFiring && $0.fireNanoseconds <= now }
             .sorted { $0.fireNanoseconds < $1.fireNanoseconds }
-        for timer in due where timer.isValid && timer.fireNanoseconds <= now {
+        // `due` is a snapshot: skip a timer that an earlier callback removed or moved.
+        for timer in due where timer.isValid && timer.fireNanoseconds <= now && contains(timer, in: mode) {
             timer.fireOnLoop(now: monotonicNanoseconds)
         }
+    }
+
+    private func contains(_ source: PKCustomSource, in mode: PKRunLoopMode) -> Bool {
+        modeItems[mode]?.customSources.contains { $0 === source } ?? false
+    }
+
+    private func contains(_ timer: PKTimer, in mode: PKRunLoopMode) -> Bool {
+        modeItems[mode]?.timers.contains { $0 === timer } ?? false
     }
 
     /// Arms the timerfd at the latest moment that still fires every timer of `mode` within its

@@ -21,6 +21,12 @@ enum Descriptor {
         if rc < 0 && errno == EBADF { preconditionFailure("PortKit bug: close(\(fd)) got EBADF") }
     }
 
+    /// A close-on-exec duplicate of `fd`. The corresponding system call is `fcntl(2)` with
+    /// `F_DUPFD_CLOEXEC`.
+    static func duplicate(_ fd: Int32) throws(PKError) -> Int32 {
+        try SystemCall.run("fcntl(F_DUPFD_CLOEXEC)") { fcntl(fd, F_DUPFD_CLOEXEC, 0) }
+    }
+
     /// Reads into `buffer`. The corresponding system call is `read(2)`.
     static func read(_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer) throws(PKError) -> IOResult<Int> {
         try SystemCall.nonBlocking("read") { Glibc.read(fd, buffer.baseAddress, buffer.count) }

@@ -3,164 +3,166 @@
 import Testing
 @testable import PortKit
 
-@Suite struct RunLoopResultTests {
-    @Test func aRunInAnEmptyModeReturnsFinishedAtOnceWithoutNotifyingObservers() throws {
-        let (never, onlyObservers, runOnce, log) = try onLoopThread { loop in
-            let log = Locked<[String]>([])
-            let never = loop.run(in: "empty-never-used", until: .distantFuture)
-            // Observers alone do not make a mode worth running.
-            logActivities(of: loop, in: "empty-only-observers", into: log)
-            let onlyObservers = loop.run(in: "empty-only-observers", until: .distantFuture)
-            let runOnce = loop.runOnce(in: "empty-run-once", before: .distantFuture)
-            return (never, onlyObservers, runOnce, log.value)
-        }
-        #expect(never == .finished)
-        #expect(onlyObservers == .finished)
-        #expect(runOnce == false)
-        #expect(log.isEmpty)
-    }
-
-    @Test func aRunReturnsFinishedWhenItsModeRunsOutOfItems() throws {
-        let (afterTimer, afterRemoval, afterInvalidation, plainRunReturned) = try onLoopThread { loop in
-            // The only item is a one-shot timer: once it fired, the mode is empty.
-            loop.scheduleTimer(after: .milliseconds(5), forMode: "finished-timer") { _ in }
-            let afterTimer = loop.run(in: "finished-timer", until: .after(.seconds(10)))
-
-            // The only source removes itself.
-            var itself: PKCustomSource?
-            let source = PKCustomSource { loop.remove(itself!, forMode: "finished-removal") }
-            itself = source
-            loop.add(source, forMode: "finished-removal")
-            source.signal()
-            let afterRemoval = loop.run(in: "finished-removal", until: .after(.seconds(10)))
-            itself = nil
-
-            // The only source is invalidated by a timer.
-            let doomed = PKCustomSource {}
-            loop.add(doomed, forMode: "finished-invalidation")
-            loop.scheduleTimer(after: .milliseconds(5), forMode: "finished-invalidation") { _ in doomed.invalidate() }
-            let afterInvalidation = loop.run(in: "finished-invalidation", until: .after(.seconds(10)))
-
-            // `run()` (NSRunLoop's -run) returns once the default mode is empty.
-            loop.scheduleTimer(after: .milliseconds(5)) { _ in }
-            loop.run()
-            return (afterTimer, afterRemoval, afterInvalidation, true)
-        }
-        #expect(afterTimer == .finished)
-        #expect(afterRemoval == .finished)
-        #expect(afterInvalidation == .finished)
-        #expect(plainRunReturned)
-    }
-
-    @Test func stopFromACallbackEndsTheRunWithStopped() throws {
-        let result = try onLoopThread { loop in
-            keepAlive(loop, "stopped-mode")
-            loop.scheduleTimer(after: .milliseconds(5), forMode: "stopped-mode") { _ in loop.stop() }
-            return loop.run(in: "stopped-mode", until: .after(.seconds(10)))
-        }
-        #expect(result == .stopped)
-    }
-
-    @Test func aRunEndsWithTimedOutAtItsDeadline() throws {
-        let (result, reachedDeadline) = try onLoopThread { loop in
-            keepAlive(loop, "timed-out-mode")
-            let deadline = PKDeadline.after(.milliseconds(50))
-            let result = loop.run(in: "timed-out-mode", until: deadline)
-            return (result, deadline.hasPassed)
-        }
-        #expect(result == .timedOut)
-        #expect(reachedDeadline)
-    }
-
-    @Test func aHandledSourceEndsTheRunOnlyWhenAskedTo() throws {
-        let outcome = try onLoopThread { loop in
-            let mode: PKRunLoopMode = "handled-source-mode"
-            let pipe = try TestPipe()
-            defer { pipe.closeBoth() }
-            var performed = 0
-            var descriptorCalls = 0
-            let custom = PKCustomSource { performed += 1 }
-            loop.add(custom, forMode: mode)
-            let descriptor = PKDescriptorSource(descriptor: pipe.readEnd) { _ in
-                pipe.drain()
-                descriptorCalls += 1
+extension RunLoopTests {
+    @Suite struct RunLoopResultTests {
+        @Test func aRunInAnEmptyModeReturnsFinishedAtOnceWithoutNotifyingObservers() throws {
+            let (never, onlyObservers, runOnce, log) = try onLoopThread { loop in
+                let log = Locked<[String]>([])
+                let never = loop.run(in: "empty-never-used", until: .distantFuture)
+                // Observers alone do not make a mode worth running.
+                logActivities(of: loop, in: "empty-only-observers", into: log)
+                let onlyObservers = loop.run(in: "empty-only-observers", until: .distantFuture)
+                let runOnce = loop.runOnce(in: "empty-run-once", before: .distantFuture)
+                return (never, onlyObservers, runOnce, log.value)
             }
-            try loop.add(descriptor, forMode: mode)
-
-            custom.signal()
-            let customResult = loop.run(in: mode, until: .after(.seconds(10)), returnAfterSourceHandled: true)
-            pipe.makeReadable()
-            let descriptorResult = loop.run(in: mode, until: .after(.seconds(10)), returnAfterSourceHandled: true)
-            custom.signal()
-            let runOnce = loop.runOnce(in: mode, before: .after(.seconds(10)))
-            // Not asked to return: the run handles the source and goes on to its deadline.
-            custom.signal()
-            let notAsked = loop.run(in: mode, until: .after(.milliseconds(50)))
-            return (customResult, descriptorResult, runOnce, notAsked, performed, descriptorCalls)
+            #expect(never == .finished)
+            #expect(onlyObservers == .finished)
+            #expect(runOnce == false)
+            #expect(log.isEmpty)
         }
-        let (customResult, descriptorResult, runOnce, notAsked, performed, descriptorCalls) = outcome
-        #expect(customResult == .handledSource)
-        #expect(descriptorResult == .handledSource)
-        #expect(runOnce)
-        #expect(notAsked == .timedOut)
-        #expect(performed == 3)
-        #expect(descriptorCalls == 1)
-    }
 
-    @Test func aTimerNeverCountsAsAHandledSource() throws {
-        let (result, fired) = try onLoopThread { loop in
-            let mode: PKRunLoopMode = "timer-not-a-source"
-            keepAlive(loop, mode)
-            var fired = 0
-            let timer = loop.scheduleTimer(after: .milliseconds(1), repeats: true, forMode: mode) { _ in fired += 1 }
-            let result = loop.run(in: mode, until: .after(.milliseconds(100)), returnAfterSourceHandled: true)
-            timer.invalidate()
-            return (result, fired)
+        @Test func aRunReturnsFinishedWhenItsModeRunsOutOfItems() throws {
+            let (afterTimer, afterRemoval, afterInvalidation, plainRunReturned) = try onLoopThread { loop in
+                // The only item is a one-shot timer: once it fired, the mode is empty.
+                loop.scheduleTimer(after: .milliseconds(5), forMode: "finished-timer") { _ in }
+                let afterTimer = loop.run(in: "finished-timer", until: .after(.seconds(10)))
+
+                // The only source removes itself.
+                var itself: PKCustomSource?
+                let source = PKCustomSource { loop.remove(itself!, forMode: "finished-removal") }
+                itself = source
+                loop.add(source, forMode: "finished-removal")
+                source.signal()
+                let afterRemoval = loop.run(in: "finished-removal", until: .after(.seconds(10)))
+                itself = nil
+
+                // The only source is invalidated by a timer.
+                let doomed = PKCustomSource {}
+                loop.add(doomed, forMode: "finished-invalidation")
+                loop.scheduleTimer(after: .milliseconds(5), forMode: "finished-invalidation") { _ in doomed.invalidate() }
+                let afterInvalidation = loop.run(in: "finished-invalidation", until: .after(.seconds(10)))
+
+                // `run()` (NSRunLoop's -run) returns once the default mode is empty.
+                loop.scheduleTimer(after: .milliseconds(5)) { _ in }
+                loop.run()
+                return (afterTimer, afterRemoval, afterInvalidation, true)
+            }
+            #expect(afterTimer == .finished)
+            #expect(afterRemoval == .finished)
+            #expect(afterInvalidation == .finished)
+            #expect(plainRunReturned)
         }
-        #expect(result == .timedOut)
-        #expect(fired >= 1)
-    }
 
-    /// `stop()` on a loop that is not running makes its next run return `.stopped` at once:
-    /// before it performs anything, even a source that is ready when it was asked to return
-    /// after one. The stop is used up: the run after that works normally.
-    @Test func stopBeforeRunMakesTheNextRunReturnStopped() throws {
-        let outcome = try onLoopThread { loop in
-            let mode: PKRunLoopMode = "stop-before-run"
-            let log = Locked<[String]>([])
-            let source = PKCustomSource { log.append("performed") }
-            loop.add(source, forMode: mode)
-            logActivities(of: loop, in: mode, into: log, [.entry, .exit])
-
-            loop.stop()
-            let plain = loop.run(in: mode, until: .after(.seconds(10)))
-
-            source.signal()
-            loop.stop()
-            let withReadySource = loop.run(in: mode, until: .after(.seconds(10)), returnAfterSourceHandled: true)
-            let performedWhileStopped = log.value.contains("performed")
-
-            let next = loop.run(in: mode, until: .after(.seconds(10)), returnAfterSourceHandled: true)
-            return (plain, withReadySource, performedWhileStopped, next, log.value)
+        @Test func stopFromACallbackEndsTheRunWithStopped() throws {
+            let result = try onLoopThread { loop in
+                keepAlive(loop, "stopped-mode")
+                loop.scheduleTimer(after: .milliseconds(5), forMode: "stopped-mode") { _ in loop.stop() }
+                return loop.run(in: "stopped-mode", until: .after(.seconds(10)))
+            }
+            #expect(result == .stopped)
         }
-        let (plain, withReadySource, performedWhileStopped, next, log) = outcome
-        #expect(plain == .stopped)
-        #expect(withReadySource == .stopped)
-        #expect(!performedWhileStopped)
-        #expect(next == .handledSource)
-        #expect(log == ["entry", "exit", "entry", "exit", "entry", "performed", "exit"])
-    }
 
-    @Test func aDeadlineInThePastStillGetsOnePass() throws {
-        let (result, performed) = try onLoopThread { loop in
-            var performed = false
-            let source = PKCustomSource { performed = true }
-            loop.add(source, forMode: "past-deadline")
-            source.signal()
-            let result = loop.run(in: "past-deadline", until: .distantPast)
-            return (result, performed)
+        @Test func aRunEndsWithTimedOutAtItsDeadline() throws {
+            let (result, reachedDeadline) = try onLoopThread { loop in
+                keepAlive(loop, "timed-out-mode")
+                let deadline = PKDeadline.after(.milliseconds(50))
+                let result = loop.run(in: "timed-out-mode", until: deadline)
+                return (result, deadline.hasPassed)
+            }
+            #expect(result == .timedOut)
+            #expect(reachedDeadline)
         }
-        #expect(result == .timedOut)
-        #expect(performed)
+
+        @Test func aHandledSourceEndsTheRunOnlyWhenAskedTo() throws {
+            let outcome = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "handled-source-mode"
+                let pipe = try TestPipe()
+                defer { pipe.closeBoth() }
+                var performed = 0
+                var descriptorCalls = 0
+                let custom = PKCustomSource { performed += 1 }
+                loop.add(custom, forMode: mode)
+                let descriptor = PKDescriptorSource(descriptor: pipe.readEnd) { _ in
+                    pipe.drain()
+                    descriptorCalls += 1
+                }
+                try loop.add(descriptor, forMode: mode)
+
+                custom.signal()
+                let customResult = loop.run(in: mode, until: .after(.seconds(10)), returnAfterSourceHandled: true)
+                pipe.makeReadable()
+                let descriptorResult = loop.run(in: mode, until: .after(.seconds(10)), returnAfterSourceHandled: true)
+                custom.signal()
+                let runOnce = loop.runOnce(in: mode, before: .after(.seconds(10)))
+                // Not asked to return: the run handles the source and goes on to its deadline.
+                custom.signal()
+                let notAsked = loop.run(in: mode, until: .after(.milliseconds(50)))
+                return (customResult, descriptorResult, runOnce, notAsked, performed, descriptorCalls)
+            }
+            let (customResult, descriptorResult, runOnce, notAsked, performed, descriptorCalls) = outcome
+            #expect(customResult == .handledSource)
+            #expect(descriptorResult == .handledSource)
+            #expect(runOnce)
+            #expect(notAsked == .timedOut)
+            #expect(performed == 3)
+            #expect(descriptorCalls == 1)
+        }
+
+        @Test func aTimerNeverCountsAsAHandledSource() throws {
+            let (result, fired) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "timer-not-a-source"
+                keepAlive(loop, mode)
+                var fired = 0
+                let timer = loop.scheduleTimer(after: .milliseconds(1), repeats: true, forMode: mode) { _ in fired += 1 }
+                let result = loop.run(in: mode, until: .after(.milliseconds(100)), returnAfterSourceHandled: true)
+                timer.invalidate()
+                return (result, fired)
+            }
+            #expect(result == .timedOut)
+            #expect(fired >= 1)
+        }
+
+        /// `stop()` on a loop that is not running makes its next run return `.stopped` at once:
+        /// before it performs anything, even a source that is ready when it was asked to return
+        /// after one. The stop is used up: the run after that works normally.
+        @Test func stopBeforeRunMakesTheNextRunReturnStopped() throws {
+            let outcome = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "stop-before-run"
+                let log = Locked<[String]>([])
+                let source = PKCustomSource { log.append("performed") }
+                loop.add(source, forMode: mode)
+                logActivities(of: loop, in: mode, into: log, [.entry, .exit])
+
+                loop.stop()
+                let plain = loop.run(in: mode, until: .after(.seconds(10)))
+
+                source.signal()
+                loop.stop()
+                let withReadySource = loop.run(in: mode, until: .after(.seconds(10)), returnAfterSourceHandled: true)
+                let performedWhileStopped = log.value.contains("performed")
+
+                let next = loop.run(in: mode, until: .after(.seconds(10)), returnAfterSourceHandled: true)
+                return (plain, withReadySource, performedWhileStopped, next, log.value)
+            }
+            let (plain, withReadySource, performedWhileStopped, next, log) = outcome
+            #expect(plain == .stopped)
+            #expect(withReadySource == .stopped)
+            #expect(!performedWhileStopped)
+            #expect(next == .handledSource)
+            #expect(log == ["entry", "exit", "entry", "exit", "entry", "performed", "exit"])
+        }
+
+        @Test func aDeadlineInThePastStillGetsOnePass() throws {
+            let (result, performed) = try onLoopThread { loop in
+                var performed = false
+                let source = PKCustomSource { performed = true }
+                loop.add(source, forMode: "past-deadline")
+                source.signal()
+                let result = loop.run(in: "past-deadline", until: .distantPast)
+                return (result, performed)
+            }
+            #expect(result == .timedOut)
+            #expect(performed)
+        }
     }
 }

@@ -2,6 +2,7 @@
 // mode alive, observers that log activities, and a lock for tests that count descriptors.
 
 import Glibc
+import Testing
 import Synchronization
 @testable import PortKit
 
@@ -109,3 +110,6 @@ func settledDescriptorCount(atMost limit: Int, timeout: Duration = .seconds(20))
 func nanoseconds(from start: PKDeadline, to end: PKDeadline) -> Int64 {
     Int64(bitPattern: end.uptimeNanoseconds &- start.uptimeNanoseconds)
 }
+
+/// The run-loop suites, nested here so that `swift test --filter RunLoop` selects every one.
+@Suite enum RunLoopTests {}

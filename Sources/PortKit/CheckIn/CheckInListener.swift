@@ -1,0 +1,99 @@
+// The launcher's side of a check-in, shared by worker threads and processes: a private port in a
+// private mode, one connection to it for the worker, and a wait driven by CheckInStateMachine.
+
+import Synchronization
+
+final class CheckInListener {
+    private let loop: PKRunLoop
+    private let mode: PKRunLoopMode
+    private let port: PKReceivePort
+    private var machine = CheckInStateMachine()
+    private var action = CheckInStateMachine.Action.wait
+    private var workerPort: PKSendPort?
+    private var data: [UInt8] = []
+
+    /// A listener on the calling thread's loop. Loop-only.
+    init() throws(PKError) {
+        loop = PKRunLoop.current
+        mode = PKRunLoopMode("PKCheckInMode-\(checkInCounter.add(1, ordering: .relaxed).newValue)")
+        port = PKReceivePort()
+        port.handler = { [unowned self] message in
+            guard action == .wait else { return }
+            action = machine.handle(.message(msgid: message.msgid, hasReplyPort: message.replyPort != nil))
+            if action == .acceptWorker {
+                workerPort = message.replyPort
+                data = message.data
+            }
+        }
+        port.onNoSenders = { [unowned self] in
+            if action == .wait { action = machine.handle(.workerGone) }
+        }
+        try loop.add(port, forMode: mode)
+    }
+
+    deinit { port.invalidate() }
+
+    /// A connection of the worker's own to the check-in port, as a descriptor: when the worker
+    /// (thread or process) ends, it closes and the listener learns the worker is gone.
+    func makeWorkerConnection() throws(PKError) -> Int32 {
+        try port.makeTransferDescriptor()
+    }
+
+    /// Runs the loop in the private mode until the worker checks in, ends, or `deadline` passes.
+    ///
+    /// - Returns: the worker's port and its check-in data.
+    /// - Throws: `PKError` with `.checkInTimedOut` or `.checkInFailed`.
+    func wait(for name: String, until deadline: PKDeadline) throws(PKError) -> (port: PKSendPort, data: [UInt8]) {
+        while action == .wait {
+            if loop.run(in: mode, until: deadline, returnAfterSourceHandled: true) == .timedOut, action == .wait {
+                action = machine.handle(.deadlinePassed)
+            }
+        }
+        port.invalidate()
+        guard action == .acceptWorker, let workerPort else {
+            if case .fail(let code, let reason) = action { throw PKError(code, "worker \(name): \(reason)") }
+            throw PKError(.checkInFailed, "worker \(name) did not check in")
+        }
+        return (workerPort, data)
+    }
+}
+
+private let checkInCounter = Atomic<UInt64>(0)
+
+/// The worker's side of a check-in, shared by threads and processes: Listings 3-14 and 3-15.
+enum WorkerRuntime {
+    /// Makes the worker's port, runs `setUp`, checks in over `checkInRight` (msgid 100, the
+    /// worker's port as the reply port), then runs the loop until told to stop.
+    ///
+    /// - Returns: false if the worker never checked in.
+    @discardableResult
+    static func serve(
+        name: String, mainPort: PKSendPort?, checkInRight: PKSendPort,
+        setUp: (PKWorkerContext) throws -> Void
+    ) -> Bool {
+        let loop = PKRunLoop.current
+        let port = PKReceivePort()
+        defer {
+            port.invalidate()
+            checkInRight.invalidate()
+        }
+        guard (try? loop.add(port, forMode: .default)) != nil else { return false }
+        let context = PKWorkerContext(loop: loop, port: port, mainPort: mainPort, checkInPort: checkInRight, name: name)
+        do { try setUp(context) } catch { return false }
+
+        let userHandler = port.handler
+        port.handler = { [unowned context] message in
+            if message.msgid == PKCheckIn.stopMessageID { context.shouldExit = true; return }
+            userHandler(message)
+        }
+        // Listing 3-15: send the check-in message, the worker's port as the reply port.
+        let checkIn = PKPortMessage(msgid: PKCheckIn.messageID, data: context.checkInData, replyPort: port.makeSendRight())
+        guard (try? checkInRight.send(checkIn, before: .after(PKCheckIn.defaultTimeout))) != nil else { return false }
+        checkInRight.invalidate()
+        // Listing 3-14: let the run loop process things until told to exit.
+        repeat {
+            loop.run(in: .default, until: .distantFuture, returnAfterSourceHandled: true)
+        } while !context.shouldExit && port.isValid
+        return true
+    }
+}

@@ -1,0 +1,119 @@
+// A worker process checked in by passing a port: the launcher hands the child a connection to
+// a private check-in port as an inherited descriptor; the child sends its own port back in the
+// check-in message (design section 3: an anonymous port crosses the process boundary).
+
+import Synchronization
+
+/// A worker process that has checked in (the guide's check-in, between processes, by passing a
+/// port rather than a name).
+///
+/// `init` spawns the executable (with `posix_spawn`, never `fork`) and gives it a connection to
+/// a private check-in port on descriptor 3 (and, if given, a send right to `mainPort` on
+/// descriptor 4); the child calls `PKWorkerProcess.serve(setUp:)`, which checks in the way a
+/// worker thread does. `init` returns once the child checked in, or throws if it does not in
+/// time or dies first. `stop` asks it to stop and waits for it to exit.
+public final class PKWorkerProcess: @unchecked Sendable {
+    /// The child's process id.
+    public var processID: Int32 { child.pid }
+    /// A send right to the child's port.
+    public let port: PKSendPort
+    /// The data the child sent with its check-in.
+    public let checkInData: [UInt8]
+    /// The worker's name.
+    public let name: String
+
+    private let child: ChildProcess
+    private let stopped = Atomic<Bool>(false)
+
+    static let checkInDescriptor: Int32 = 3
+    static let mainPortDescriptor: Int32 = 4
+    static let environmentKey = "PORTKIT_WORKER"
+
+    /// Spawns `executable` and waits for it to check in.
+    ///
+    /// - Parameters:
+    ///   - executable: the program's path; it must call `PKWorkerProcess.serve(setUp:)`.
+    ///   - arguments: its arguments.
+    ///   - name: the worker's name (the child sees it as `PKWorkerContext.name`).
+    ///   - mainPort: a port the child can report to (`PKWorkerContext.mainPort`).
+    ///   - checkInTimeout: how long the child has to check in.
+    /// - Throws: `PKError` with `.checkInTimedOut`, `.checkInFailed` (the child exited first),
+    ///   or `.system` if it could not be started.
+    public init(
+        executable: String, arguments: [String] = [], name: String = "PKWorkerProcess",
+        mainPort: PKSendPort? = nil, checkInTimeout: Duration = PKCheckIn.defaultTimeout
+    ) throws(PKError) {
+        self.name = name
+        let listener = try CheckInListener()
+        // The child gets a connection to the check-in port (and maybe to mainPort); our copies
+        // close as soon as it is started, or the listener would never see the child die.
+        var inherit = [(try listener.makeWorkerConnection(), Self.checkInDescriptor)]
+        defer { for (fd, _) in inherit { Descriptor.close(fd) } }
+        if let mainPort {
+            inherit.append((try mainPort.makeTransferDescriptor(before: .after(checkInTimeout)), Self.mainPortDescriptor))
+        }
+        child = try ChildProcess(
+            path: executable, arguments: arguments,
+            environment: [Self.environmentKey: "\(name):\(mainPort == nil ? 0 : 1)"], inherit: inherit)
+        for (fd, _) in inherit { Descriptor.close(fd) }
+        inherit = []
+        do throws(PKError) {
+            (port, checkInData) = try listener.wait(for: name, until: .after(checkInTimeout))
+        } catch {
+            child.kill(SIGKILL_VALUE)
+            _ = child.waitUntilExit(until: .after(.seconds(5)))
+            throw error
+        }
+    }
+
+    /// Whether this process was started by `PKWorkerProcess` and should call `serve(setUp:)`.
+    public static var isLaunchedWorker: Bool { Files.environment(environmentKey) != nil }
+
+    /// In a process started by `PKWorkerProcess`: checks in with the launcher (msgid 100, this
+    /// process's port as the reply port) and serves messages on the main thread's loop until
+    /// told to stop. The counterpart of `PKWorkerThread`'s thread body.
+    ///
+    /// - Parameter setUp: runs before the check-in; set `context.port.handler` here.
+    /// - Throws: `PKError` with `.checkInFailed` if this process was not launched as a worker or
+    ///   could not check in.
+    public static func serve(setUp: (PKWorkerContext) throws -> Void) throws(PKError) {
+        guard let value = Files.environment(environmentKey) else {
+            throw PKError(.checkInFailed, "this process was not started by PKWorkerProcess (\(environmentKey) is not set)")
+        }
+        let parts = value.split(separator: ":", omittingEmptySubsequences: false)
+        let name = parts.dropLast().joined(separator: ":")
+        let hasMain = parts.last == "1"
+        let checkInRight = PKSendPort(connection: SendConnection(takingOwnershipOf: try Descriptor.adoptInherited(checkInDescriptor)))
+        let mainPort = hasMain ? PKSendPort(connection: SendConnection(takingOwnershipOf: try Descriptor.adoptInherited(mainPortDescriptor))) : nil
+        guard WorkerRuntime.serve(name: name, mainPort: mainPort, checkInRight: checkInRight, setUp: setUp) else {
+            throw PKError(.checkInFailed, "worker \(name) could not check in")
+        }
+    }
+
+    /// Asks the child to stop and waits for it to exit; kills it (SIGKILL) if it has not
+    /// exited by the deadline.
+    ///
+    /// - Returns: the child's exit code, or nil if it had to be killed or died of a signal.
+    @discardableResult
+    public func stop(timeout: Duration = .seconds(5)) -> Int32? {
+        guard !stopped.exchange(true, ordering: .acquiringAndReleasing) else { return nil }
+        let deadline = PKDeadline.after(timeout)
+        try? port.send(PKPortMessage(msgid: PKCheckIn.stopMessageID), before: deadline)
+        if let status = child.waitUntilExit(until: deadline) { return status.signal == 0 ? status.code : nil }
+        child.kill(SIGKILL_VALUE)
+        _ = child.waitUntilExit(until: .after(.seconds(5)))
+        return nil
+    }
+
+    /// Sends `signal` to the child (for example `SIGKILL`, to test a dying peer).
+    public func kill(signal: Int32) { child.kill(signal) }
+
+    /// Waits for the child to exit on its own, up to `deadline`.
+    ///
+    /// - Returns: the exit code and terminating signal (0 when it exited), or nil if it runs.
+    public func waitUntilExit(until deadline: PKDeadline) -> (code: Int32, signal: Int32)? {
+        child.waitUntilExit(until: deadline)
+    }
+
+    deinit { if !stopped.load(ordering: .acquiring) { stop(timeout: .seconds(2)) } }
+}

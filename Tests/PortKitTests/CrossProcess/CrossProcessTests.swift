@@ -1,0 +1,238 @@
+// Ports between processes: every peer is the PortKitTestPeer helper, spawned (never forked).
+
+import Testing
+import Foundation
+@testable import PortKit
+
+@Suite(.serialized) struct CrossProcessTests {
+    @Test func roundTripAndRequestReplyWithAnotherProcess() throws {
+        let dir = TemporaryNameDirectory()
+        let peer = try PeerProcess(["echo", dir.path, "echo"])
+        try peer.expectLine("ready")
+        let right = try dir.server.lookUp("echo")
+        try onLoopThread { loop in
+            // Request/reply.
+            let reply = try right.sendRequest(PKPortMessage(msgid: 11, data: Array("ping".utf8)), sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+            #expect(reply?.msgid == 11)
+            #expect(reply?.text == "ping")
+            // A plain round trip with our own reply port.
+            var answers: [UInt32] = []
+            let mine = PKReceivePort { answers.append($0.msgid) }
+            try loop.add(mine, forMode: .default)
+            for id in UInt32(1)...20 {
+                try right.send(PKPortMessage(msgid: id, data: [UInt8](repeating: UInt8(id), count: Int(id)), replyPort: mine.makeSendRight()), timeout: .seconds(5))
+            }
+            let deadline = PKDeadline.after(.seconds(10))
+            while answers.count < 20 && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
+            // Each reply came over its own connection (a fresh right per message), so only
+            // per-connection order is promised: all twenty arrive.
+            #expect(answers.sorted() == Array(1...20))
+            mine.invalidate()
+        }
+        try right.send(PKPortMessage(msgid: 99), timeout: .seconds(5))
+        #expect(try peer.waitForExit() == 0)
+    }
+
+    @Test func portPassedFromProcessToProcessToProcess() throws {
+        // A (this test) sends port P to B (relay, another process), which holds only the send
+        // right it received and passes P on to C (a port of this test, by name). A message sent
+        // on the right C received reaches P.
+        let dir = TemporaryNameDirectory()
+        let relay = try PeerProcess(["relay", dir.path, "b", "c"])
+        try relay.expectLine("ready")
+        try onLoopThread { loop in
+            var atP: [UInt32] = []
+            var atC: [PKSendPort] = []
+            let p = PKReceivePort { atP.append($0.msgid) }
+            let c = PKReceivePort { message in atC += message.ports }
+            try loop.add(p, forMode: .default)
+            try loop.add(c, forMode: .default)
+            try dir.server.register(c, name: "c")
+            let b = try dir.server.lookUp("b")
+            let ack = try b.sendRequest(PKPortMessage(msgid: 3, components: [.port(p.makeSendRight())]), sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+            #expect(ack?.msgid == 3)
+            let deadline = PKDeadline.after(.seconds(10))
+            while atC.isEmpty && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
+            let passed = try #require(atC.first)
+            try passed.send(PKPortMessage(msgid: 77), timeout: .seconds(5))
+            while atP.isEmpty && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
+            #expect(atP == [77])
+            try b.send(PKPortMessage(msgid: 99), timeout: .seconds(5))
+            p.invalidate()
+            c.invalidate()
+        }
+        #expect(try relay.waitForExit() == 0)
+    }
+
+    @Test func processesRacingForOneNameHaveExactlyOneWinner() throws {
+        let dir = TemporaryNameDirectory()
+        let rounds = 200
+        for round in 0..<rounds {
+            let count = 2 + round % 7  // two to eight processes
+            let racers = try (0..<count).map { _ in try PeerProcess(["race", dir.path, "prize"]) }
+            let results = try racers.map { try $0.readLine() }
+            #expect(results.filter { $0 == "won" }.count == 1, "round \(round): \(results)")
+            #expect(results.allSatisfy { $0 == "won" || $0 == "lost" })
+            for racer in racers { racer.closeInput() }
+            for racer in racers { #expect(try racer.waitForExit() == 0) }
+            let leftovers = try FileManager.default.contentsOfDirectory(atPath: dir.path).filter { $0.hasSuffix(".sock") || $0.hasSuffix(".new") }
+            #expect(leftovers.isEmpty, "round \(round) left \(leftovers)")
+        }
+    }
+
+    @Test func nameIsFreeAtOnceAfterItsOwnerIsKilled() throws {
+        let dir = TemporaryNameDirectory()
+        let owner = try PeerProcess(["hold", dir.path, "held"])
+        try owner.expectLine("ready")
+        try onLoopThread { loop in
+            let port = PKReceivePort()
+            try loop.add(port, forMode: .default)
+            #expect { try dir.server.register(port, name: "held") } throws: { ($0 as? PKError)?.code == .nameInUse }
+            owner.kill(SIGKILL)
+            _ = try owner.waitForExit()
+            try dir.server.register(port, name: "held")
+            let right = try dir.server.lookUp("held")
+            try right.send(PKPortMessage(msgid: 1), timeout: .seconds(5))
+            #expect(loop.run(in: .default, until: .after(.seconds(10)), returnAfterSourceHandled: true) == .handledSource)
+            port.invalidate()
+        }
+    }
+
+    @Test func killedPeerIsNoticedEvenWithAFullUnreadQueue() throws {
+        // The peer floods a port of ours that is scheduled in a mode we do not run, so nothing
+        // is read and its sends block; we watch the peer's own port in the default mode.
+        let dir = TemporaryNameDirectory()
+        try onLoopThread { loop in
+            var delivered = 0
+            var noSenders = false
+            let sink = PKReceivePort { _ in delivered += 1 }
+            sink.onNoSenders = { noSenders = true }
+            try loop.add(sink, forMode: "unread")
+            try dir.server.register(sink, name: "sink")
+            let flooder = try PeerProcess(["flood", dir.path, "sink", "flooder"])
+            // Accept the flooder's connection, then stop reading.
+            _ = loop.run(in: "unread", until: .after(.milliseconds(100)))
+            try flooder.expectLine("ready")
+            let peerPort = try dir.server.lookUp("flooder")
+            var died: PKDeadline?
+            try peerPort.watchInvalidation(on: loop, forMode: .default) { died = .now }
+            sleepFor(.milliseconds(300))  // let the socket buffer fill
+            let killedAt = PKDeadline.now
+            flooder.kill(SIGKILL)
+            let deadline = PKDeadline.after(.seconds(10))
+            while died == nil && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
+            let noticed = try #require(died)
+            #expect(noticed - killedAt < .seconds(2))
+            // What the flooder queued before dying is still delivered, then its connection ends.
+            while !noSenders && !deadline.hasPassed { loop.run(in: "unread", until: deadline, returnAfterSourceHandled: true) }
+            #expect(noSenders)
+            #expect(delivered > 0)
+            sink.invalidate()
+            _ = try flooder.waitForExit()
+        }
+    }
+
+    @Test func connectionFromAnotherUserIsRefused() throws {
+        guard getuid() == 0 else {
+            print("skipped: dropping to uid 65534 needs root")
+            return
+        }
+        let dir = TemporaryNameDirectory()
+        try onLoopThread { loop in
+            var got = 0
+            let port = PKReceivePort { _ in got += 1 }
+            try loop.add(port, forMode: .default)
+            try dir.server.register(port, name: "guarded")
+            // Let uid 65534 reach the socket: the registration is made, so open the path.
+            chmod(dir.path, 0o711)
+            chmod(dir.path + "/guarded.sock", 0o777)
+            let stranger = try PeerProcess(["as-nobody", dir.path, "guarded"])
+            let answer = Locked<String?>(nil)
+            let reader = TestThread { answer.value = try? stranger.readLine() }
+            let deadline = PKDeadline.after(.seconds(15))
+            while answer.value == nil && !deadline.hasPassed { loop.run(in: .default, until: .after(.milliseconds(20))) }
+            try reader.join()
+            #expect(answer.value == "closed")
+            #expect(got == 0)
+            port.invalidate()
+        }
+    }
+
+    @Test func workerProcessChecksInByPassingAPort() throws {
+        try onLoopThread { _ in
+            let worker = try PKWorkerProcess(executable: PeerProcess.executablePath, arguments: ["worker"], name: "proc-worker", checkInTimeout: .seconds(20))
+            #expect(String(decoding: worker.checkInData, as: UTF8.self) == "pid \(worker.processID)")
+            let reply = try worker.port.sendRequest(PKPortMessage(msgid: 4, data: [1, 2, 3]), sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+            #expect(reply?.data == [1, 2, 3])
+            #expect(worker.stop(timeout: .seconds(10)) == 0)
+        }
+    }
+
+    @Test func workerProcessThatDiesBeforeCheckingInFails() throws {
+        try onLoopThread { _ in
+            #expect {
+                _ = try PKWorkerProcess(executable: PeerProcess.executablePath, arguments: ["no-such-command"], checkInTimeout: .seconds(20))
+            } throws: { ($0 as? PKError)?.code == .checkInFailed }
+        }
+    }
+
+    @Test func workerProcessChecksInByName() throws {
+        // Listings 3-16 to 3-19: the main thread registers a named port; the worker registers
+        // its own and sends its name in the check-in data; the main thread looks that name up.
+        let dir = TemporaryNameDirectory()
+        try onLoopThread { loop in
+            var workerName: String?
+            let main = PKReceivePort { message in
+                if message.msgid == PKCheckIn.messageID { workerName = message.text }
+            }
+            try loop.add(main, forMode: .default)
+            try dir.server.register(main, name: "main")
+            let peer = try PeerProcess(["checkin-by-name", dir.path, "main", "worker-1"])
+            let deadline = PKDeadline.after(.seconds(20))
+            while workerName == nil && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
+            let name = try #require(workerName)
+            #expect(name == "worker-1")
+            let workerPort = try dir.server.lookUp(name)
+            let reply = try workerPort.sendRequest(PKPortMessage(msgid: 8, data: Array("work".utf8)), sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+            #expect(reply?.text == "work")
+            try workerPort.send(PKPortMessage(msgid: 99), timeout: .seconds(5))
+            #expect(try peer.waitForExit() == 0)
+            main.invalidate()
+        }
+    }
+
+    @Test func descriptorCountsStayFlatAcrossRegistrationsAndTransfers() throws {
+        let dir = TemporaryNameDirectory()
+        let peer = try PeerProcess(["echo", dir.path, "echo2"])
+        try peer.expectLine("ready")
+        let right = try dir.server.lookUp("echo2")
+        try onLoopThread { loop in
+            let before = openDescriptorCount()
+            for i in 0..<1000 {
+                let port = PKReceivePort()
+                try loop.add(port, forMode: .default)
+                try dir.server.register(port, name: "reg-\(i % 7)")
+                try dir.server.unregister(name: "reg-\(i % 7)")
+                port.invalidate()
+            }
+            // 1,000 ports sent to the other process and echoed back.
+            var returned = 0
+            let mine = PKReceivePort { message in returned += message.ports.count }
+            try loop.add(mine, forMode: .default)
+            let carried = PKReceivePort()
+            try loop.add(carried, forMode: .default)
+            for _ in 0..<1000 {
+                try right.send(PKPortMessage(msgid: 1, components: [.port(carried.makeSendRight())], replyPort: mine.makeSendRight()), timeout: .seconds(10))
+                let deadline = PKDeadline.after(.seconds(10))
+                while returned == 0 && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
+                returned = 0
+            }
+            mine.invalidate()
+            carried.invalidate()
+            loop.run(in: .default, until: .after(.milliseconds(50)))
+            try waitUntil("descriptors to settle", timeout: .seconds(10)) { openDescriptorCount() <= before + 2 }
+        }
+        try right.send(PKPortMessage(msgid: 99), timeout: .seconds(5))
+        #expect(try peer.waitForExit() == 0)
+    }
+}

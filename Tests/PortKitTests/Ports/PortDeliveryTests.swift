@@ -1,0 +1,220 @@
+// Delivery under load and ports travelling inside messages: many threads to one port (each
+// sender's messages whole and in order), rights forwarded A -> B -> C and sent several times,
+// and reply-port round trips.
+
+import Testing
+@testable import PortKit
+
+@Suite struct PortDeliveryTests {
+    static let threadCount = 8
+    static let perThread = 10_000
+
+    /// The payload of message `seq` from sender `thread`: the sender, the sequence number, then
+    /// a filler whose length and bytes depend on both, so that a torn or interleaved message
+    /// shows.
+    static func payload(thread: Int, seq: Int) -> [UInt8] {
+        var bytes: [UInt8] = [UInt8(thread)]
+        withUnsafeBytes(of: UInt32(seq).littleEndian) { bytes.append(contentsOf: $0) }
+        let filler = UInt8(truncatingIfNeeded: thread &* 31 &+ seq)
+        bytes.append(contentsOf: repeatElement(filler, count: (seq &* 7 &+ thread) % 97))
+        return bytes
+    }
+
+    /// Checks one received message against `payload(thread:seq:)` and the per-sender order.
+    /// Returns a problem, or nil.
+    static func check(_ message: PKPortMessage, next: inout [Int]) -> String? {
+        let data = message.data
+        guard message.components.count == 1, data.count >= 5, Int(data[0]) < threadCount else {
+            return "a message with \(message.components.count) components and \(data.count) bytes"
+        }
+        let thread = Int(data[0])
+        let seq = Int(UInt32(data[1]) | UInt32(data[2]) << 8 | UInt32(data[3]) << 16 | UInt32(data[4]) << 24)
+        guard seq == next[thread] else { return "sender \(thread): got \(seq), expected \(next[thread])" }
+        guard data == payload(thread: thread, seq: seq), message.msgid == UInt32(seq) else {
+            return "sender \(thread): message \(seq) was torn"
+        }
+        next[thread] += 1
+        return nil
+    }
+
+    /// Eight threads send ten thousand messages each to one port, every thread through a send
+    /// right of its own: none is lost, torn or reordered within its sender.
+    @Test func eightThreadsWithRightsOfTheirOwnLoseAndReorderNothing() throws {
+        try Self.eightSenders(sharingOneRight: false)
+    }
+
+    /// The same through ONE send right shared by the eight threads: each message arrives whole
+    /// (never interleaved with another thread's) and each thread's messages stay in order.
+    @Test func eightThreadsSharingOneRightLoseAndReorderNothing() throws {
+        try Self.eightSenders(sharingOneRight: true)
+    }
+
+    static func eightSenders(sharingOneRight: Bool) throws {
+        let total = threadCount * perThread
+        let sendFailures = Locked<[String]>([])
+        try onLoopThread(timeout: .seconds(300)) { loop in
+            var next = [Int](repeating: 0, count: threadCount)
+            var received = 0
+            var problems: [String] = []
+            let port = PKReceivePort { message in
+                received += 1
+                if let problem = check(message, next: &next), problems.count < 10 { problems.append(problem) }
+            }
+            try loop.add(port, forMode: .default)
+            let rights: [PKSendPort] = sharingOneRight
+                ? Array(repeating: port.makeSendRight(), count: threadCount)
+                : try rightsByMessage(to: port, count: threadCount, on: loop)
+            #expect(Set(rights).count == (sharingOneRight ? 1 : threadCount))
+            let senders = rights.enumerated().map { index, right in
+                TestThread(name: "sender-\(index)") {
+                    for seq in 0..<perThread {
+                        do {
+                            try right.send(PKPortMessage(msgid: UInt32(seq), data: payload(thread: index, seq: seq)), timeout: .seconds(60))
+                        } catch {
+                            sendFailures.withLock { $0.append("sender \(index) at \(seq): \(error)") }
+                            return
+                        }
+                    }
+                }
+            }
+            try runLoop(loop, timeout: .seconds(240), "\(total) messages") {
+                received >= total || !sendFailures.value.isEmpty
+            }
+            for sender in senders { try sender.join(timeout: .seconds(60)) }
+            runLoop(loop, for: .milliseconds(20))  // nothing more arrives
+            #expect(sendFailures.value.isEmpty, "\(sendFailures.value)")
+            #expect(problems.isEmpty, "\(problems)")
+            #expect(received == total)
+            #expect(next == [Int](repeating: perThread, count: threadCount))
+            port.invalidate()
+        }
+    }
+
+    /// A right received in a message travels on: B gets a right to P from the test's loop and
+    /// forwards it to C; C uses it. A right sent several times (three messages, and three
+    /// components of one message) gives as many working rights. Every message reaches P.
+    @Test func rightsForwardedAlongAChainAndSentSeveralTimesAllWork() throws {
+        let cGot = Locked<Int>(0)
+        // C: every port component it receives is a right to P; it sends through each, tagged.
+        let c = try PortServer(name: "C") { port, _ in
+            port.handler = { message in
+                for (index, right) in message.ports.enumerated() {
+                    try? right.send(PKPortMessage(msgid: 3000 + message.msgid * 10 + UInt32(index)), timeout: .seconds(5))
+                }
+                cGot.withLock { $0 += 1 }
+            }
+        }
+        let cRight = c.right
+        // B: sends through the right it got, then forwards that very right to C three times in
+        // three messages, and once more three times in one message.
+        let b = try PortServer(name: "B") { port, _ in
+            port.handler = { message in
+                guard let toP = message.ports.first else { return }
+                try? toP.send(PKPortMessage(msgid: 2000), timeout: .seconds(5))
+                for round in UInt32(1)...3 {
+                    try? cRight.send(PKPortMessage(msgid: round, components: [.port(toP)]), timeout: .seconds(5))
+                }
+                try? cRight.send(PKPortMessage(msgid: 4, components: [.port(toP), .port(toP), .port(toP)]), timeout: .seconds(5))
+                try? toP.send(PKPortMessage(msgid: 2001), timeout: .seconds(5))
+            }
+        }
+        try onLoopThread { loop in
+            var got: [UInt32] = []
+            let p = PKReceivePort { got.append($0.msgid) }
+            try loop.add(p, forMode: .default)
+            try b.right.send(PKPortMessage(msgid: 1, components: [.port(p.makeSendRight())]), timeout: .seconds(5))
+            let expected: Set<UInt32> = [2000, 2001, 3010, 3020, 3030, 3040, 3041, 3042]
+            try runLoop(loop, "every forwarded right to deliver") { Set(got).isSuperset(of: expected) }
+            runLoop(loop, for: .milliseconds(20))
+            #expect(got.count == expected.count, "\(got)")
+            #expect(Set(got) == expected)
+            // B's own messages keep their order.
+            #expect(got.firstIndex(of: 2000)! < got.firstIndex(of: 2001)!)
+            p.invalidate()
+        }
+        #expect(cGot.value == 4)
+        try b.stop()
+        try c.stop()
+    }
+
+    /// When every right that travelled in messages is released, the port learns that it has no
+    /// senders left: forwarding leaks no connection.
+    @Test func forwardedRightsReleasedLeaveThePortWithoutSenders() throws {
+        try onLoopThread { loop in
+            var noSenders = 0
+            var got: [UInt32] = []
+            let p = PKReceivePort { got.append($0.msgid) }
+            p.onNoSenders = { noSenders += 1 }
+            try loop.add(p, forMode: .default)
+            var rights = try rightsByMessage(to: p, count: 2, on: loop)
+            // Forward each received right once more (the ATTACH_SENDER road).
+            var carried: [PKSendPort] = []
+            let carrier = PKReceivePort { carried.append(contentsOf: $0.ports) }
+            try loop.add(carrier, forMode: .default)
+            try carrier.makeSendRight().send(PKPortMessage(msgid: 9, components: rights.map { .port($0) }), timeout: .seconds(5))
+            try runLoop(loop, "forwarded rights") { carried.count == 2 }
+            rights += carried
+            carried = []
+            for (index, right) in rights.enumerated() { try right.send(PKPortMessage(msgid: UInt32(index)), timeout: .seconds(5)) }
+            try runLoop(loop, "messages through four rights") { got.count == 4 }
+            #expect(Set(got) == [0, 1, 2, 3])
+            #expect(noSenders == 0)
+            for right in rights { right.invalidate() }
+            rights = []
+            try runLoop(loop, "no senders") { noSenders > 0 }
+            #expect(p.isValid)
+            carrier.invalidate()
+            p.invalidate()
+        }
+    }
+
+    /// The guide's reply port: the receiver answers on `replyPort`, the sender answers that
+    /// answer, and so on, a hundred times.
+    @Test func replyPortRoundTrips() throws {
+        let server = try PortServer(name: "ponger") { port, _ in
+            port.handler = { message in
+                guard let reply = message.replyPort else { return }
+                try? reply.send(PKPortMessage(msgid: message.msgid + 1, data: message.data + [UInt8(truncatingIfNeeded: message.msgid)], replyPort: port.makeSendRight()), timeout: .seconds(5))
+            }
+        }
+        try onLoopThread { loop in
+            var last: PKPortMessage?
+            var rounds = 0
+            let me = PKReceivePort()
+            me.handler = { message in
+                last = message
+                rounds += 1
+                guard rounds < 100, let back = message.replyPort else { return }
+                try? back.send(PKPortMessage(msgid: message.msgid + 1, data: [], replyPort: me.makeSendRight()), timeout: .seconds(5))
+            }
+            try loop.add(me, forMode: .default)
+            try server.right.send(PKPortMessage(msgid: 0, data: [42], replyPort: me.makeSendRight()), timeout: .seconds(5))
+            try runLoop(loop, "100 round trips") { rounds == 100 }
+            #expect(last?.msgid == 199)
+            #expect(last?.replyPort != nil)
+            me.invalidate()
+        }
+        try server.stop()
+    }
+
+    /// A reply port that is itself a right received in a message (not the replier's own port)
+    /// carries the answer to the right place.
+    @Test func aForwardedRightWorksAsAReplyPort() throws {
+        let server = try PortServer(name: "answerer") { port, _ in
+            port.handler = { message in
+                try? message.replyPort?.send(PKPortMessage(msgid: message.msgid, data: [7]), timeout: .seconds(5))
+            }
+        }
+        try onLoopThread { loop in
+            var answers: [UInt32] = []
+            let target = PKReceivePort { answers.append($0.msgid) }
+            try loop.add(target, forMode: .default)
+            let toTarget = try rightsByMessage(to: target, count: 1, on: loop)[0]
+            try server.right.send(PKPortMessage(msgid: 77, replyPort: toTarget), timeout: .seconds(5))
+            try runLoop(loop, "the answer") { !answers.isEmpty }
+            #expect(answers == [77])
+            target.invalidate()
+        }
+        try server.stop()
+    }
+}

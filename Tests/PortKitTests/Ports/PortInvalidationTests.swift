@@ -1,0 +1,321 @@
+// Invalidation on each cause, delivered once, on the owning loop, after the messages that had
+// already arrived; watches on send rights; no SIGPIPE when sending to a dead port.
+
+import Glibc
+import Testing
+@testable import PortKit
+
+@Suite struct PortInvalidationTests {
+    /// A log that the owning loop's thread writes and the test reads.
+    final class Log: @unchecked Sendable {
+        let entries = Locked<[String]>([])
+        func add(_ entry: String) { entries.withLock { $0.append(entry) } }
+        var value: [String] { entries.value }
+        func count(_ entry: String) -> Int { value.filter { $0 == entry }.count }
+    }
+
+    // MARK: - Explicit invalidation of the receive port
+
+    /// Invalidated on its own thread (here from its handler): `onInvalidation` runs once, there;
+    /// no handler runs afterwards; local and independent rights become invalid and a send
+    /// through them fails with `.invalidPort`.
+    @Test func explicitInvalidationOnTheOwningThread() throws {
+        try onLoopThread { loop in
+            let log = Log()
+            let owner = currentThreadID
+            let port = PKReceivePort()
+            port.handler = { message in
+                log.add("message \(message.msgid)")
+                if message.msgid == 2 { port.invalidate() }
+            }
+            port.onInvalidation = { log.add(currentThreadID == owner ? "invalidated" : "invalidated elsewhere") }
+            try loop.add(port, forMode: .default)
+            let local = port.makeSendRight()
+            let independent = try independentRight(to: port)
+            for id in UInt32(1)...4 { try local.send(PKPortMessage(msgid: id), timeout: .seconds(1)) }
+            try runLoop(loop, "invalidation") { log.value.contains("invalidated") }
+            runLoop(loop, for: .milliseconds(20))
+            #expect(log.value == ["message 1", "message 2", "invalidated"])
+            #expect(!port.isValid)
+            #expect(!local.isValid)
+            try waitUntil("the independent right to become invalid") { !independent.isValid }
+            for right in [local, independent] {
+                #expect { try right.send(PKPortMessage(msgid: 9), timeout: .seconds(1)) } throws: {
+                    ($0 as? PKError)?.code == .invalidPort
+                }
+            }
+            port.invalidate()  // a second time does nothing
+            runLoop(loop, for: .milliseconds(10))
+            #expect(log.count("invalidated") == 1)
+        }
+    }
+
+    /// Invalidated from another thread while its loop runs: `onInvalidation` runs once, on the
+    /// owning loop; every message delivered came before it, none after.
+    @Test func explicitInvalidationFromAnotherThread() throws {
+        let log = Log()
+        let server = try PortServer { port, _ in
+            let owner = currentThreadID
+            port.handler = { log.add("message \($0.msgid)") }
+            port.onInvalidation = { log.add(currentThreadID == owner ? "invalidated" : "invalidated elsewhere") }
+        }
+        let right = server.right
+        let independent = try independentRight(to: server.port)
+        for id in UInt32(1)...50 { try right.send(PKPortMessage(msgid: id), timeout: .seconds(5)) }
+        try waitUntil("some messages") { log.value.count >= 10 }
+        try server.stop()
+        #expect(log.count("invalidated") == 1)
+        #expect(log.value.last == "invalidated")
+        #expect(!right.isValid)
+        try waitUntil("the independent right to become invalid") { !independent.isValid }
+        #expect { try independent.send(PKPortMessage(msgid: 9), timeout: .seconds(1)) } throws: {
+            ($0 as? PKError)?.code == .invalidPort
+        }
+    }
+
+    // MARK: - The loop's thread ends
+
+    /// A port whose loop's thread ends is invalidated: `onInvalidation` runs once, on that
+    /// thread; senders see their rights become invalid and a send fails with `.invalidPort`.
+    @Test func theLoopsThreadEnding() throws {
+        let log = Log()
+        let rights = TestLatch<[PKSendPort]>()
+        let release = Locked(false)
+        let ownerID = Locked<Int32>(0)
+        let thread = TestThread(name: "short-lived-owner") {
+            let loop = PKRunLoop.current
+            ownerID.value = currentThreadID
+            let port = PKReceivePort { log.add("message \($0.msgid)") }
+            port.onInvalidation = { log.add(currentThreadID == ownerID.value ? "invalidated" : "invalidated elsewhere") }
+            try? loop.add(port, forMode: .default)
+            rights.set([port.makeSendRight(), (try? independentRight(to: port))].compactMap { $0 })
+            let deadline = PKDeadline.after(.seconds(20))
+            while !release.value && !deadline.hasPassed { loop.run(in: .default, until: .after(.milliseconds(5))) }
+            // The thread ends without invalidating the port.
+        }
+        let both = try rights.wait()
+        try #require(both.count == 2)
+        for right in both { try right.send(PKPortMessage(msgid: 1), timeout: .seconds(5)) }
+        try waitUntil("both messages") { log.value.count == 2 }
+        release.value = true
+        try thread.join()
+        try waitUntil("invalidation") { log.value.contains("invalidated") || log.value.contains("invalidated elsewhere") }
+        #expect(log.value == ["message 1", "message 1", "invalidated"])
+        try waitUntil("the rights to become invalid") { both.allSatisfy { !$0.isValid } }
+        for right in both {
+            #expect { try right.send(PKPortMessage(msgid: 2), timeout: .seconds(1)) } throws: {
+                ($0 as? PKError)?.code == .invalidPort
+            }
+        }
+    }
+
+    /// Invalidated from another thread while its loop is idle, after which the loop's thread
+    /// ends without running again: the invalidation is still delivered once, on that thread,
+    /// and every sender sees its right become invalid.
+    @Test func invalidatedWhileIdleThenTheThreadEnds() throws {
+        let log = Log()
+        let published = TestLatch<PKReceivePort>()
+        let independentRightLatch = TestLatch<PKSendPort>()
+        let invalidated = Locked(false)
+        let thread = TestThread(name: "idle-owner") {
+            let loop = PKRunLoop.current
+            let owner = currentThreadID
+            let port = PKReceivePort { log.add("message \($0.msgid)") }
+            port.onInvalidation = { log.add(currentThreadID == owner ? "invalidated" : "invalidated elsewhere") }
+            try? loop.add(port, forMode: .default)
+            if let right = try? independentRight(to: port) { independentRightLatch.set(right) }
+            loop.runOnePass()
+            published.set(port)
+            try? waitUntil("invalidate", timeout: .seconds(20)) { invalidated.value }
+            // The thread ends without running its loop again.
+        }
+        let port = try published.wait()
+        let right = try independentRightLatch.wait()
+        port.invalidate()
+        invalidated.value = true
+        try thread.join()
+        try waitUntil("invalidation to be delivered") { !log.value.isEmpty }
+        #expect(log.value == ["invalidated"])
+        try waitUntil("the right to become invalid") { !right.isValid }
+    }
+
+    // MARK: - Senders leaving
+
+    /// A sender invalidates its right after sending: the receiver gets every message it sent,
+    /// then `onNoSenders`, once, on the owning loop; the port stays valid and
+    /// `onInvalidation` does not run.
+    @Test func sendRightInvalidatedAfterSending() throws {
+        try onLoopThread { loop in
+            let log = Log()
+            let owner = currentThreadID
+            let port = PKReceivePort { log.add("message \($0.msgid)") }
+            port.onNoSenders = { log.add(currentThreadID == owner ? "no senders" : "no senders elsewhere") }
+            port.onInvalidation = { log.add("invalidated") }
+            try loop.add(port, forMode: .default)
+            let right = try rightsByMessage(to: port, count: 1, on: loop)[0]
+            // The sender thread sends and leaves before the loop reads anything.
+            let sender = TestThread {
+                for id in UInt32(1)...200 { try? right.send(PKPortMessage(msgid: id, data: bytes(100)), timeout: .seconds(5)) }
+                right.invalidate()
+            }
+            try sender.join()
+            #expect(!right.isValid)
+            #expect { try right.send(PKPortMessage(msgid: 999), timeout: .seconds(1)) } throws: {
+                ($0 as? PKError)?.code == .invalidPort
+            }
+            try runLoop(loop, "no senders") { log.value.contains { $0.hasPrefix("no senders") } }
+            runLoop(loop, for: .milliseconds(20))
+            #expect(log.value == (1...200).map { "message \($0)" } + ["no senders"])
+            #expect(port.isValid)
+            port.invalidate()
+            #expect(log.count("invalidated") == 1)
+        }
+    }
+
+    /// A raw sender closes its connection cleanly after its frames (the end of a sender's
+    /// life, or its process dying): every frame is delivered, then `onNoSenders`.
+    @Test func peerClosingAfterItsFrames() throws {
+        try onLoopThread { loop in
+            let log = Log()
+            let port = PKReceivePort { log.add("message \($0.msgid)") }
+            port.onNoSenders = { log.add("no senders") }
+            try loop.add(port, forMode: .default)
+            let peer = try RawPeer(to: port)
+            var stream = RawPeer.greeting
+            for id in UInt32(1)...5 { stream += RawPeer.frame(msgid: id, data: [UInt8(id)]) }
+            #expect(peer.write(stream) == nil)
+            peer.close()
+            try runLoop(loop, "no senders") { log.value.contains("no senders") }
+            #expect(log.value == (1...5).map { "message \($0)" } + ["no senders"])
+            #expect(port.isValid)
+            port.invalidate()
+        }
+    }
+
+    /// The connection breaks (the receiver drops it for a protocol error): the right over it
+    /// becomes invalid, its watch fires once, a send fails with `.invalidPort`, and the port
+    /// learns it has no senders, after the messages that came before the break.
+    @Test func connectionBroken() throws {
+        try onLoopThread { loop in
+            let log = Log()
+            let port = PKReceivePort { log.add("message \($0.msgid)") }
+            port.onNoSenders = { log.add("no senders") }
+            try loop.add(port, forMode: .default)
+            let right = try rightsByMessage(to: port, count: 1, on: loop)[0]
+            var watchFired = 0
+            try right.watchInvalidation(on: loop, forMode: .default) { watchFired += 1 }
+            try right.send(PKPortMessage(msgid: 1), timeout: .seconds(1))
+            // Garbage on the right's own socket breaks the connection.
+            guard case .connection(let connection) = right.storage else { Issue.record("not a connection"); return }
+            let garbage: [UInt8] = [0xDE, 0xAD, 0xBE, 0xEF, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+            _ = garbage.withUnsafeBytes { Glibc.send(connection.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            try runLoop(loop, "the break to be seen") { watchFired > 0 && log.value.contains("no senders") }
+            runLoop(loop, for: .milliseconds(20))
+            #expect(watchFired == 1)
+            #expect(log.value == ["message 1", "no senders"])
+            #expect(!right.isValid)
+            #expect { try right.send(PKPortMessage(msgid: 2), timeout: .seconds(1)) } throws: {
+                ($0 as? PKError)?.code == .invalidPort
+            }
+            #expect(port.isValid)
+            port.invalidate()
+        }
+    }
+
+    // MARK: - Watching a send right
+
+    /// `watchInvalidation` fires once, on the watching loop, when the port dies; for a local
+    /// right and for an independent one, and twice-watched rights fire each watch.
+    @Test func watchInvalidationFiresOnceWhenThePortDies() throws {
+        let server = try PortServer { _, _ in }
+        let local = server.right
+        let independent = try independentRight(to: server.port)
+        let fired = Locked<[String]>([])
+        try onLoopThread { loop in
+            let owner = currentThreadID
+            func note(_ name: String) -> () -> Void { { fired.withLock { $0.append(currentThreadID == owner ? name : name + " elsewhere") } } }
+            let w1 = try local.watchInvalidation(on: loop, note("local"))
+            let w2 = try independent.watchInvalidation(on: loop, note("independent"))
+            let w3 = try independent.watchInvalidation(on: loop, note("independent again"))
+            let cancelled = try independent.watchInvalidation(on: loop, note("cancelled"))
+            cancelled.cancel()
+            runLoop(loop, for: .milliseconds(20))
+            #expect(fired.value.isEmpty)
+            try server.stop()
+            try runLoop(loop, "every watch") { fired.value.count >= 3 }
+            runLoop(loop, for: .milliseconds(30))
+            #expect(fired.value.sorted() == ["independent", "independent again", "local"])
+            _ = (w1, w2, w3)
+        }
+    }
+
+    /// A watch on a right that is already invalid fires once, on the loop's next pass.
+    @Test func watchOnAnInvalidRightFiresOnce() throws {
+        let server = try PortServer { _, _ in }
+        let local = server.right
+        let independent = try independentRight(to: server.port)
+        try server.stop()
+        try waitUntil("invalid") { !independent.isValid }
+        try onLoopThread { loop in
+            var fired: [String] = []
+            try local.watchInvalidation(on: loop) { fired.append("local") }
+            try independent.watchInvalidation(on: loop) { fired.append("independent") }
+            try runLoop(loop, "both watches") { fired.count == 2 }
+            runLoop(loop, for: .milliseconds(20))
+            #expect(fired.sorted() == ["independent", "local"])
+        }
+    }
+
+    /// Invalidating a send right (not the port) fires that right's watch once.
+    @Test func watchFiresWhenTheRightItselfIsInvalidated() throws {
+        try onLoopThread { loop in
+            let port = PKReceivePort()
+            try loop.add(port, forMode: .default)
+            let right = try rightsByMessage(to: port, count: 1, on: loop)[0]
+            var fired = 0
+            try right.watchInvalidation(on: loop) { fired += 1 }
+            right.invalidate()
+            try runLoop(loop, "the watch") { fired > 0 }
+            runLoop(loop, for: .milliseconds(20))
+            #expect(fired == 1)
+            port.invalidate()
+        }
+    }
+
+    // MARK: - No SIGPIPE
+
+    /// Sending to a port whose receive side was invalidated fails with `.invalidPort`, in this
+    /// process (a SIGPIPE would end the whole test run).
+    @Test func sendingToADeadPortIsAnErrorNotASignal() throws {
+        let server = try PortServer { _, _ in }
+        let rights = [server.right, try independentRight(to: server.port)]
+        try server.stop()
+        for right in rights {
+            for size in [0, 1 << 20] {
+                #expect { try right.send(PKPortMessage(msgid: 1, data: bytes(size)), timeout: .seconds(1)) } throws: {
+                    ($0 as? PKError)?.code == .invalidPort
+                }
+            }
+        }
+    }
+
+    /// The same in a child process whose SIGPIPE disposition is the default (terminate): the
+    /// send reports `.invalidPort` and the process exits normally.
+    @Test func sendingToADeadPortRaisesNoSIGPIPE() async {
+        await #expect(processExitsWith: .success) {
+            _ = signal(SIGPIPE, SIG_DFL)
+            let port = PKReceivePort()
+            guard let right = try? independentRight(to: port) else { exit(2) }
+            port.invalidate()
+            for size in [0, 1 << 20] {
+                do {
+                    try right.send(PKPortMessage(msgid: 1, data: bytes(size)), timeout: .seconds(1))
+                    exit(3)
+                } catch {
+                    if (error as? PKError)?.code != .invalidPort { exit(4) }
+                }
+            }
+            exit(0)
+        }
+    }
+}

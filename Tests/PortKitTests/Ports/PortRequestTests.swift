@@ -1,0 +1,210 @@
+// Synchronous request/reply (CFMessagePortSendRequest): the reply, each distinct error, and the
+// caller's other handlers staying quiet while it waits.
+
+import Testing
+@testable import PortKit
+
+@Suite struct PortRequestTests {
+    /// How the request's target is reached: the server's own `makeSendRight()` (a local right)
+    /// or a right with a connection of its own (as one received in a message).
+    enum Road: String, CaseIterable, Sendable { case localRight, ownConnection }
+
+    static func right(_ server: PortServer, _ road: Road) throws -> PKSendPort {
+        switch road {
+        case .localRight: server.right
+        case .ownConnection: try independentRight(to: server.port)
+        }
+    }
+
+    static func code(of body: () throws -> Void) -> PKError.Code? {
+        do { try body() } catch let error as PKError { return error.code } catch { return nil }
+        return nil
+    }
+
+    @Test(arguments: Road.allCases)
+    func replyArrives(_ road: Road) throws {
+        let server = try PortServer { port, _ in
+            port.handler = { try? $0.replyPort?.send(PKPortMessage(msgid: $0.msgid + 1, data: $0.data + [0]), timeout: .seconds(5)) }
+        }
+        let right = try Self.right(server, road)
+        try onLoopThread { _ in
+            for id in UInt32(0)..<20 {
+                let reply = try right.sendRequest(PKPortMessage(msgid: id, data: [UInt8(id)]), sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+                #expect(reply?.msgid == id + 1)
+                #expect(reply?.data == [UInt8(id), 0])
+            }
+            // A one-way request (no receive timeout) returns nil at once.
+            #expect(try right.sendRequest(PKPortMessage(msgid: 1000), sendTimeout: .seconds(5), receiveTimeout: nil) == nil)
+        }
+        try server.stop()
+    }
+
+    /// `.sendTimedOut`: the target's queue is full (its loop does not read) for longer than the
+    /// send timeout.
+    @Test func sendTimedOut() throws {
+        let hold = Locked(true)
+        let published = TestLatch<PKReceivePort>()
+        let server = TestThread(name: "stalled-server") {
+            let loop = PKRunLoop.current
+            let port = PKReceivePort()
+            try? loop.add(port, forMode: .default)
+            published.set(port)
+            try? waitUntil("release", timeout: .seconds(60)) { !hold.value }
+            port.invalidate()
+        }
+        let port = try published.wait()
+        let right = port.makeSendRight()
+        try onLoopThread { _ in
+            // Fill the connection without waiting.
+            var filled = false
+            for _ in 0..<100_000 {
+                do { try right.send(PKPortMessage(msgid: 1, data: bytes(1024)), before: .now) } catch {
+                    #expect((error as? PKError)?.code == .sendTimedOut)
+                    filled = true
+                    break
+                }
+            }
+            try #require(filled)
+            let code = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 2), sendTimeout: .milliseconds(50), receiveTimeout: .seconds(10)) }
+            #expect(code == .sendTimedOut)
+        }
+        hold.value = false
+        try server.join()
+    }
+
+    /// `.receiveTimedOut`: the server keeps the reply port but never answers.
+    @Test(arguments: Road.allCases)
+    func receiveTimedOut(_ road: Road) throws {
+        let kept = Locked<[PKSendPort]>([])
+        let server = try PortServer { port, _ in
+            port.handler = { message in if let reply = message.replyPort { kept.withLock { $0.append(reply) } } }
+        }
+        let right = try Self.right(server, road)
+        try onLoopThread { _ in
+            let code = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .milliseconds(200)) }
+            #expect(code == .receiveTimedOut)
+        }
+        #expect(kept.value.count == 1)
+        kept.value = []
+        try server.stop()
+    }
+
+    /// `.invalidPort`: the port was invalid before the request went out.
+    @Test(arguments: Road.allCases)
+    func invalidPortBeforeTheRequest(_ road: Road) throws {
+        let server = try PortServer { _, _ in }
+        let right = try Self.right(server, road)
+        try server.stop()
+        try waitUntil("the right to see its port gone") { !right.isValid }
+        try onLoopThread { _ in
+            let code = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .seconds(5)) }
+            #expect(code == .invalidPort)
+        }
+    }
+
+    /// `.portInvalidated`: the remote port is invalidated while the caller waits (its owner
+    /// keeps the reply port, so only the port's death can end the wait early).
+    @Test(arguments: Road.allCases)
+    func remoteInvalidatedWhileWaiting(_ road: Road) throws {
+        let kept = Locked<[PKSendPort]>([])
+        let server = try PortServer { port, _ in
+            port.handler = { message in
+                if let reply = message.replyPort { kept.withLock { $0.append(reply) } }
+                port.invalidate()
+            }
+        }
+        let right = try Self.right(server, road)
+        try onLoopThread { _ in
+            let start = PKDeadline.now
+            let code = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .seconds(15)) }
+            #expect(code == .portInvalidated)
+            #expect(PKDeadline.now - start < .seconds(15), "the wait ended before its deadline")
+        }
+        try server.join()
+        kept.value = []
+    }
+
+    /// `.portInvalidated`: the remote port's owner drops the reply port without answering.
+    @Test(arguments: Road.allCases)
+    func remoteDropsTheReplyPortWithoutAnswering(_ road: Road) throws {
+        let server = try PortServer { port, _ in
+            port.handler = { _ in }  // the message, reply port included, is released unanswered
+        }
+        let right = try Self.right(server, road)
+        try onLoopThread { _ in
+            let code = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .seconds(15)) }
+            #expect(code == .portInvalidated)
+        }
+        #expect(server.port.isValid)
+        try server.stop()
+    }
+
+    /// While a request waits (here from inside a handler, a nested run), the caller's other
+    /// ports are not served: a message the server sends to one of them before answering is
+    /// delivered only after the request returns.
+    @Test func otherHandlersDoNotFireDuringARequest() throws {
+        let server = try PortServer { port, _ in
+            port.handler = { message in
+                // First a message to the caller's other port, then the answer.
+                if let other = message.ports.first { try? other.send(PKPortMessage(msgid: 55), timeout: .seconds(5)) }
+                try? message.replyPort?.send(PKPortMessage(msgid: 56), timeout: .seconds(5))
+            }
+        }
+        try onLoopThread { loop in
+            var log: [String] = []
+            let other = PKReceivePort { log.append("other \($0.msgid)") }
+            try loop.add(other, forMode: .default)
+            let trigger = PKReceivePort { message in
+                log.append("trigger \(message.msgid) begins")
+                do {
+                    let reply = try server.right.sendRequest(
+                        PKPortMessage(msgid: 1, components: [.port(other.makeSendRight())]),
+                        sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+                    log.append("reply \(reply?.msgid ?? 0)")
+                } catch {
+                    log.append("error \(error)")
+                }
+                log.append("trigger \(message.msgid) ends")
+            }
+            try loop.add(trigger, forMode: .default)
+            try trigger.makeSendRight().send(PKPortMessage(msgid: 1), timeout: .seconds(5))
+            try trigger.makeSendRight().send(PKPortMessage(msgid: 2), timeout: .seconds(5))
+            try runLoop(loop, "both triggers and the other port's message") { log.filter { $0.hasPrefix("other") }.count == 2 }
+            // Each request returned before anything else ran; the other port's messages came after.
+            #expect(log.prefix(3) == ["trigger 1 begins", "reply 56", "trigger 1 ends"], "\(log)")
+            #expect(log.contains("trigger 2 ends"))
+            let firstOther = try #require(log.firstIndex { $0.hasPrefix("other") })
+            #expect(firstOther > 2)
+            let t2begin = try #require(log.firstIndex(of: "trigger 2 begins"))
+            let t2end = try #require(log.firstIndex(of: "trigger 2 ends"))
+            #expect(log[t2begin...t2end] == ["trigger 2 begins", "reply 56", "trigger 2 ends"], "\(log)")
+            other.invalidate()
+            trigger.invalidate()
+        }
+        try server.stop()
+    }
+
+    /// A request whose target right is also watched (`watchInvalidation`) on the caller's loop
+    /// still learns of the target's death at once.
+    @Test func aWatchedTargetsDeathStillEndsARequest() throws {
+        let kept = Locked<[PKSendPort]>([])
+        let server = try PortServer { port, _ in
+            port.handler = { message in
+                if let reply = message.replyPort { kept.withLock { $0.append(reply) } }
+                port.invalidate()
+            }
+        }
+        let right = try independentRight(to: server.port)
+        try onLoopThread { loop in
+            var watched = 0
+            let watch = try right.watchInvalidation(on: loop, forMode: .default) { watched += 1 }
+            runLoop(loop, for: .milliseconds(10))  // the watch is now registered with the loop
+            let code = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .seconds(20)) }
+            #expect(code == .portInvalidated)
+            try runLoop(loop, "the watch") { watched == 1 }
+            watch.cancel()
+        }
+        try server.join()
+        kept.value = []
+    }
+}

@@ -1,0 +1,147 @@
+// The operations that are safe from any thread: signal + wake, perform, stop. Each test lets the
+// loop fall asleep first (an observer sees beforeWaiting), then acts from another thread.
+
+import Testing
+@testable import PortKit
+
+extension RunLoopTests {
+    @Suite struct CrossThreadTests {
+        @Test func aSignalFromAnotherThreadWakesASleepingLoop() throws {
+            let (result, performedOnOwner) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "xt-signal"
+                let asleep = Locked(false)
+                var performedOnOwner = false
+                flagWhenAsleep(loop, mode, asleep)
+                let source = PKCustomSource { performedOnOwner = loop.isOwnedByCurrentThread }
+                loop.add(source, forMode: mode)
+                let other = TestThread {
+                    try? waitUntil("loop asleep") { asleep.value }
+                    source.signal(waking: loop)
+                }
+                let result = loop.run(in: mode, until: .after(.seconds(10)), returnAfterSourceHandled: true)
+                try other.join()
+                return (result, performedOnOwner)
+            }
+            #expect(result == .handledSource)
+            #expect(performedOnOwner)
+        }
+
+        /// The guide's Listing 3-9 pattern in two steps: `signal()` alone does not wake the loop
+        /// (CFRunLoopSourceSignal), `wakeUp()` then does (CFRunLoopWakeUp).
+        @Test func aSignalWithoutAWakeUpWaitsForTheWakeUp() throws {
+            let (performedBeforeWake, result, performed) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "xt-signal-no-wake"
+                let asleep = Locked(false)
+                let performed = Locked(false)
+                let performedBeforeWake = Locked<Bool?>(nil)
+                flagWhenAsleep(loop, mode, asleep)
+                let source = PKCustomSource { performed.value = true }
+                loop.add(source, forMode: mode)
+                let other = TestThread {
+                    try? waitUntil("loop asleep") { asleep.value }
+                    source.signal()
+                    sleepFor(.milliseconds(100))
+                    performedBeforeWake.value = performed.value
+                    loop.wakeUp()
+                }
+                let result = loop.run(in: mode, until: .after(.seconds(10)), returnAfterSourceHandled: true)
+                try other.join()
+                return (performedBeforeWake.value, result, performed.value)
+            }
+            #expect(performedBeforeWake == false)
+            #expect(result == .handledSource)
+            #expect(performed)
+        }
+
+        @Test func aPerformFromAnotherThreadWakesASleepingLoopAndRunsOnIt() throws {
+            let (result, log) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "xt-perform"
+                let asleep = Locked(false)
+                let log = Locked<[String]>([])
+                flagWhenAsleep(loop, mode, asleep)
+                keepAlive(loop, mode)
+                let other = TestThread {
+                    try? waitUntil("loop asleep") { asleep.value }
+                    for index in 0..<3 {
+                        loop.perform(inModes: [mode]) {
+                            log.append("block\(index) owner=\(loop.isOwnedByCurrentThread)")
+                            if index == 2 { loop.stop() }
+                        }
+                    }
+                }
+                let result = loop.run(in: mode, until: .after(.seconds(10)))
+                try other.join()
+                return (result, log.value)
+            }
+            #expect(result == .stopped)
+            #expect(log == ["block0 owner=true", "block1 owner=true", "block2 owner=true"])
+        }
+
+        @Test func aPerformForAnotherModeWaitsForARunInThatMode() throws {
+            let (duringOther, afterOwn) = try onLoopThread { loop in
+                let ran = Locked(false)
+                loop.perform(inModes: ["xt-perform-target"]) { ran.value = true }
+                keepAlive(loop, "xt-perform-other")
+                keepAlive(loop, "xt-perform-target")
+                loop.run(in: "xt-perform-other", until: .after(.milliseconds(30)))
+                let duringOther = ran.value
+                loop.run(in: "xt-perform-target", until: .after(.milliseconds(30)))
+                return (duringOther, ran.value)
+            }
+            #expect(!duringOther)
+            #expect(afterOwn)
+        }
+
+        @Test func aStopFromAnotherThreadEndsASleepingRun() throws {
+            let result = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "xt-stop"
+                let asleep = Locked(false)
+                flagWhenAsleep(loop, mode, asleep)
+                keepAlive(loop, mode)
+                let other = TestThread {
+                    try? waitUntil("loop asleep") { asleep.value }
+                    loop.stop()
+                }
+                let result = loop.run(in: mode, until: .after(.seconds(10)))
+                try other.join()
+                return result
+            }
+            #expect(result == .stopped)
+        }
+
+        /// Several threads perform many blocks while the loop keeps falling asleep: none is lost,
+        /// and each thread's blocks run in the order it gave them.
+        @Test func manyThreadsPerformingConcurrentlyLoseNoWakeUp() throws {
+            let threads = 4
+            let perThread = 250
+            let (result, count, inOrder) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "xt-many-performs"
+                keepAlive(loop, mode)
+                let seen = Locked<[[Int]]>(Array(repeating: [], count: threads))
+                var others: [TestThread] = []
+                for thread in 0..<threads {
+                    others.append(TestThread {
+                        for index in 0..<perThread {
+                            loop.perform(inModes: [mode]) {
+                                let total = seen.withLock { seen in
+                                    seen[thread].append(index)
+                                    return seen.map(\.count).reduce(0, +)
+                                }
+                                if total == threads * perThread { loop.stop() }
+                            }
+                            if index % 50 == 0 { sleepFor(.milliseconds(1)) }
+                        }
+                    })
+                }
+                // One long run: a lost wake-up would leave it asleep until the deadline.
+                let result = loop.run(in: mode, until: .after(.seconds(20)))
+                for other in others { try other.join() }
+                let final = seen.value
+                return (result, final.map(\.count).reduce(0, +), final.allSatisfy { $0 == Array(0..<perThread) })
+            }
+            #expect(result == .stopped)
+            #expect(count == threads * perThread)
+            #expect(inOrder)
+        }
+    }
+}

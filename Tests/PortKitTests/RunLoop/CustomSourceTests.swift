@@ -1,0 +1,202 @@
+// Custom (version-0) sources: schedule, perform and cancel routines; signalling; order; removal
+// from callbacks.
+
+import Testing
+@testable import PortKit
+
+extension RunLoopTests {
+    @Suite struct CustomSourceTests {
+        @Test func scheduleAndCancelRunOnTheLoopThreadForEachMode() throws {
+            let (log, ownerThreads) = try onLoopThread { loop in
+                let log = Locked<[String]>([])
+                var onOwner = true
+                let source = PKCustomSource(
+                    schedule: { scheduledOn, mode in
+                        onOwner = onOwner && scheduledOn === loop && loop.isOwnedByCurrentThread
+                        log.append("schedule \(mode)")
+                    },
+                    cancel: { cancelledOn, mode in
+                        onOwner = onOwner && cancelledOn === loop && loop.isOwnedByCurrentThread
+                        log.append("cancel \(mode)")
+                    },
+                    perform: { log.append("perform") })
+                loop.add(source, forMode: "cs-routines-1")
+                loop.add(source, forMode: "cs-routines-2")
+                loop.add(source, forMode: "cs-routines-2")  // already there: no second schedule
+                source.signal()
+                loop.run(in: "cs-routines-1", until: .after(.seconds(10)), returnAfterSourceHandled: true)
+                loop.remove(source, forMode: "cs-routines-1")
+                loop.remove(source, forMode: "cs-routines-1")  // no longer there: no second cancel
+                loop.remove(source, forMode: "cs-routines-2")
+                return (log.value, onOwner)
+            }
+            #expect(log == ["schedule cs-routines-1", "schedule cs-routines-2", "perform",
+                            "cancel cs-routines-1", "cancel cs-routines-2"])
+            #expect(ownerThreads)
+        }
+
+        @Test func signalsBeforeAPassCoalesceIntoOnePerform() throws {
+            let (performed, stillSignalled) = try onLoopThread { loop in
+                var performed = 0
+                let source = PKCustomSource { performed += 1 }
+                loop.add(source, forMode: "cs-coalesce")
+                source.signal()
+                source.signal()
+                source.signal()
+                loop.run(in: "cs-coalesce", until: .after(.milliseconds(30)))
+                return (performed, source.isSignalled)
+            }
+            #expect(performed == 1)
+            #expect(!stillSignalled)
+        }
+
+        @Test func aSourceSignalledDuringItsPerformIsPerformedAgain() throws {
+            let (results, performed) = try onLoopThread { loop in
+                var performed = 0
+                var itself: PKCustomSource?
+                let source = PKCustomSource {
+                    performed += 1
+                    if performed < 3 { itself!.signal() }
+                }
+                itself = source
+                loop.add(source, forMode: "cs-resignal")
+                source.signal()
+                // Each run returns after one perform; the fourth finds nothing signalled.
+                var results: [PKRunLoopRunResult] = []
+                for _ in 0..<3 {
+                    results.append(loop.run(in: "cs-resignal", until: .after(.seconds(10)), returnAfterSourceHandled: true))
+                }
+                results.append(loop.runOnePass(in: "cs-resignal"))
+                itself = nil
+                return (results, performed)
+            }
+            #expect(results == [.handledSource, .handledSource, .handledSource, .timedOut])
+            #expect(performed == 3)
+        }
+
+        @Test func readySourcesArePerformedInAscendingOrder() throws {
+            let log = try onLoopThread { loop in
+                var log: [Int] = []
+                var sources: [PKCustomSource] = []
+                for order in [3, -2, 7, 0] {
+                    let source = PKCustomSource(order: order) { log.append(order) }
+                    loop.add(source, forMode: "cs-order")
+                    sources.append(source)
+                }
+                for source in sources { source.signal() }
+                loop.runOnePass(in: "cs-order")
+                return log
+            }
+            #expect(log == [-2, 0, 3, 7])
+        }
+
+        @Test func aSourceCanRemoveItselfInsideItsOwnCallback() throws {
+            let (log, contained, result) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "cs-remove-self"
+                let log = Locked<[String]>([])
+                var itself: PKCustomSource?
+                let source = PKCustomSource(cancel: { _, _ in log.append("cancel") }) {
+                    log.append("perform")
+                    loop.remove(itself!, forMode: mode)
+                    log.append("perform-end")
+                }
+                itself = source
+                loop.add(source, forMode: mode)
+                source.signal()
+                let result = loop.run(in: mode, until: .after(.seconds(10)))
+                itself = nil
+                return (log.value, loop.contains(source, inMode: mode), result)
+            }
+            #expect(log == ["perform", "cancel", "perform-end"])
+            #expect(!contained)
+            #expect(result == .finished)
+        }
+
+        /// Two sources are ready in the same pass; the first one's callback removes the second:
+        /// the second must not be performed (it left the mode), its cancel routine runs, and its
+        /// signal is still pending for any mode it is still in.
+        @Test func aReadySourceRemovedByAnotherSourcesCallbackDoesNotFire() throws {
+            let (log, stillSignalled) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "cs-remove-other"
+                let log = Locked<[String]>([])
+                let second = PKCustomSource(order: 1, cancel: { _, _ in log.append("second-cancel") }) {
+                    log.append("second")
+                }
+                let first = PKCustomSource(order: 0) {
+                    log.append("first")
+                    loop.remove(second, forMode: mode)
+                }
+                loop.add(first, forMode: mode)
+                loop.add(second, forMode: mode)
+                keepAlive(loop, mode)
+                first.signal()
+                second.signal()
+                loop.run(in: mode, until: .after(.milliseconds(30)))
+                return (log.value, second.isSignalled)
+            }
+            #expect(log == ["first", "second-cancel"])
+            #expect(stillSignalled)
+        }
+
+        @Test func aReadySourceInvalidatedByAnotherSourcesCallbackDoesNotFire() throws {
+            let log = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "cs-invalidate-other"
+                let log = Locked<[String]>([])
+                let second = PKCustomSource(order: 1, cancel: { _, _ in log.append("second-cancel") }) {
+                    log.append("second")
+                }
+                let first = PKCustomSource(order: 0) {
+                    log.append("first")
+                    second.invalidate()
+                }
+                loop.add(first, forMode: mode)
+                loop.add(second, forMode: mode)
+                keepAlive(loop, mode)
+                first.signal()
+                second.signal()
+                loop.run(in: mode, until: .after(.milliseconds(30)))
+                return log.value
+            }
+            #expect(log == ["first", "second-cancel"])
+        }
+
+        /// `invalidate()` from another thread: the loop wakes, calls the cancel routine on its own
+        /// thread, and the source is gone from the mode.
+        @Test func invalidateFromAnotherThreadCancelsOnTheLoopThread() throws {
+            let (cancelledOnOwner, result, valid) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "cs-invalidate-cross-thread"
+                let asleep = Locked(false)
+                var cancelledOnOwner: Bool?
+                flagWhenAsleep(loop, mode, asleep)
+                let source = PKCustomSource(cancel: { _, _ in cancelledOnOwner = loop.isOwnedByCurrentThread }) {}
+                loop.add(source, forMode: mode)
+                let other = TestThread {
+                    try? waitUntil("loop asleep") { asleep.value }
+                    source.invalidate()
+                }
+                let result = loop.run(in: mode, until: .after(.seconds(10)))
+                try other.join()
+                return (cancelledOnOwner, result, source.isValid)
+            }
+            #expect(cancelledOnOwner == true)
+            #expect(result == .finished)
+            #expect(!valid)
+        }
+
+        @Test func anInvalidatedSourceCannotBeAddedOrPerformed() throws {
+            let (scheduled, performed, result) = try onLoopThread { loop in
+                var scheduled = false
+                var performed = false
+                let source = PKCustomSource(schedule: { _, _ in scheduled = true }) { performed = true }
+                source.invalidate()
+                loop.add(source, forMode: "cs-invalid-add")
+                source.signal()
+                let result = loop.run(in: "cs-invalid-add", until: .after(.seconds(5)))
+                return (scheduled, performed, result)
+            }
+            #expect(!scheduled)
+            #expect(!performed)
+            #expect(result == .finished)
+        }
+    }
+}

@@ -1,0 +1,318 @@
+// Descriptor sources: readiness, level triggering, hang-up, removal from callbacks, a thousand
+// sources on one loop, and a loop hosted by another event system through `descriptor`.
+
+import Glibc
+import Testing
+@testable import PortKit
+
+extension RunLoopTests {
+    @Suite struct DescriptorSourceTests {
+        @Test func aReadableDescriptorCallsItsHandlerOnTheLoopThread() throws {
+            let (events, onOwner, result) = try onLoopThread { loop in
+                let pipe = try TestPipe()
+                defer { pipe.closeBoth() }
+                var events: [PKIOEvents] = []
+                var onOwner = false
+                let source = PKDescriptorSource(descriptor: pipe.readEnd) { ready in
+                    events.append(ready)
+                    onOwner = loop.isOwnedByCurrentThread
+                    pipe.drain()
+                }
+                try loop.add(source, forMode: "ds-readable")
+                pipe.makeReadable()
+                let result = loop.run(in: "ds-readable", until: .after(.seconds(10)), returnAfterSourceHandled: true)
+                source.invalidate()
+                return (events, onOwner, result)
+            }
+            #expect(events == [.readable])
+            #expect(onOwner)
+            #expect(result == .handledSource)
+        }
+
+        @Test func readinessIsLevelTriggered() throws {
+            let calls = try onLoopThread { loop in
+                let pipe = try TestPipe()
+                defer { pipe.closeBoth() }
+                var calls = 0
+                // The handler leaves the byte unread: the next pass calls it again.
+                let source = PKDescriptorSource(descriptor: pipe.readEnd) { _ in
+                    calls += 1
+                    if calls == 3 { pipe.drain() }
+                }
+                try loop.add(source, forMode: "ds-level")
+                pipe.makeReadable()
+                for _ in 0..<5 { loop.runOnePass(in: "ds-level") }
+                source.invalidate()
+                return calls
+            }
+            #expect(calls == 3)
+        }
+
+        @Test func aClosedPeerIsReportedAsHangUp() throws {
+            let events = try onLoopThread { loop in
+                let pipe = try TestPipe()
+                defer { close(pipe.readEnd) }
+                var events: PKIOEvents = []
+                var itself: PKDescriptorSource?
+                let source = PKDescriptorSource(descriptor: pipe.readEnd) { ready in
+                    events = ready
+                    itself!.events = []  // as documented: stop watching after a hang-up
+                }
+                itself = source
+                try loop.add(source, forMode: "ds-hangup")
+                close(pipe.writeEnd)
+                loop.run(in: "ds-hangup", until: .after(.seconds(10)), returnAfterSourceHandled: true)
+                source.invalidate()
+                itself = nil
+                return events
+            }
+            #expect(events.contains(.hangUp))
+        }
+
+        @Test func emptyEventsStopWatchingUntilSetAgain() throws {
+            let (callsWhileEmpty, callsAfter, result) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "ds-empty-events"
+                let pipe = try TestPipe()
+                defer { pipe.closeBoth() }
+                var calls = 0
+                let source = PKDescriptorSource(descriptor: pipe.readEnd, events: []) { _ in
+                    calls += 1
+                    pipe.drain()
+                }
+                try loop.add(source, forMode: mode)
+                pipe.makeReadable()
+                loop.run(in: mode, until: .after(.milliseconds(30)))
+                let callsWhileEmpty = calls
+                loop.scheduleTimer(after: .zero, forMode: mode) { _ in source.events = .readable }
+                let result = loop.run(in: mode, until: .after(.seconds(10)), returnAfterSourceHandled: true)
+                source.invalidate()
+                return (callsWhileEmpty, calls, result)
+            }
+            #expect(callsWhileEmpty == 0)
+            #expect(callsAfter == 1)
+            #expect(result == .handledSource)
+        }
+
+        /// epoll refuses a regular file: `add` throws, whether or not the loop is running, and
+        /// the source is not left in the mode.
+        @Test func aDescriptorEpollRefusesThrowsWhenAdded() throws {
+            let (threwIdle, threwRunning, result) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "ds-refused"
+                let fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC)
+                guard fd >= 0 else { throw TestSystemCallFailed(call: "open", errno: errno) }
+                defer { close(fd) }
+                var threwIdle = false
+                do { try loop.add(PKDescriptorSource(descriptor: fd) { _ in }, forMode: mode) } catch { threwIdle = true }
+                var threwRunning = false
+                keepAlive(loop, "ds-refused-running")
+                loop.scheduleTimer(after: .zero, forMode: "ds-refused-running") { _ in
+                    do { try loop.add(PKDescriptorSource(descriptor: fd) { _ in }, forMode: "ds-refused-running") } catch {
+                        threwRunning = true
+                    }
+                }
+                loop.run(in: "ds-refused-running", until: .after(.milliseconds(20)))
+                return (threwIdle, threwRunning, loop.run(in: mode, until: .after(.seconds(5))))
+            }
+            #expect(threwIdle)
+            #expect(threwRunning)
+            #expect(result == .finished)
+        }
+
+        /// A source added with no events from a callback while its mode runs is watched as soon
+        /// as its events are set.
+        @Test func aSourceAddedWithNoEventsDuringARunIsWatchedOnceEventsAreSet() throws {
+            let (calls, result) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "ds-added-empty-running"
+                let pipe = try TestPipe()
+                defer { pipe.closeBoth() }
+                var calls = 0
+                let source = PKDescriptorSource(descriptor: pipe.readEnd, events: []) { _ in
+                    calls += 1
+                    pipe.drain()
+                }
+                keepAlive(loop, mode)
+                loop.scheduleTimer(after: .zero, forMode: mode) { _ in
+                    do { try loop.add(source, forMode: mode) } catch { return }
+                    pipe.makeReadable()
+                    loop.scheduleTimer(after: .milliseconds(5), forMode: mode) { _ in source.events = .readable }
+                }
+                let result = loop.run(in: mode, until: .after(.seconds(10)), returnAfterSourceHandled: true)
+                source.invalidate()
+                return (calls, result)
+            }
+            #expect(calls == 1)
+            #expect(result == .handledSource)
+        }
+
+        /// A handler removes its own source from the run's only mode: it is not called again (its
+        /// descriptor stays readable), the mode is empty so the run finishes, and the source stays
+        /// valid (removal is not invalidation: no cancel) until it is invalidated.
+        @Test func aSourceCanRemoveItselfInsideItsOwnHandler() throws {
+            let (log, result, validAfterRemoval, contained) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "ds-remove-self"
+                let pipe = try TestPipe()
+                defer { pipe.closeBoth() }
+                let log = Locked<[String]>([])
+                var itself: PKDescriptorSource?
+                let source = PKDescriptorSource(descriptor: pipe.readEnd, handler: { _ in
+                    log.append("handler")
+                    loop.remove(itself!, forMode: mode)
+                    log.append("handler-end")
+                }, cancel: { log.append("cancel") })
+                itself = source
+                try loop.add(source, forMode: mode)
+                pipe.makeReadable()  // never drained: only the removal keeps it from firing again
+                let result = loop.run(in: mode, until: .after(.seconds(10)))
+                let validAfterRemoval = source.isValid
+                let contained = !loop.isEmpty(mode)
+                source.invalidate()
+                itself = nil
+                return (log.value, result, validAfterRemoval, contained)
+            }
+            #expect(log == ["handler", "handler-end", "cancel"])
+            #expect(result == .finished)
+            #expect(validAfterRemoval)
+            #expect(!contained)
+        }
+
+        /// Two descriptors are ready in the same epoll_wait; whichever handler runs first removes
+        /// the other source, which must not fire.
+        @Test func aReadySourceRemovedByAnotherHandlerDoesNotFire() throws {
+            let (log, result) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "ds-remove-other"
+                let pipes = [try TestPipe(), try TestPipe()]
+                defer { for pipe in pipes { pipe.closeBoth() } }
+                let log = Locked<[String]>([])
+                var sources: [PKDescriptorSource] = []
+                for index in 0..<2 {
+                    sources.append(PKDescriptorSource(descriptor: pipes[index].readEnd, handler: { _ in
+                        log.append("handler\(index)")
+                        loop.remove(sources[1 - index], forMode: mode)
+                        pipes[index].drain()
+                    }, cancel: { log.append("cancel\(index)") }))
+                }
+                for source in sources { try loop.add(source, forMode: mode) }
+                keepAlive(loop, mode)
+                for pipe in pipes { pipe.makeReadable() }
+                let result = loop.run(in: mode, until: .after(.seconds(10)), returnAfterSourceHandled: true)
+                loop.runOnePass(in: mode)
+                for source in sources { source.invalidate() }
+                return (log.value, result)
+            }
+            #expect(result == .handledSource)
+            #expect(log == ["handler0", "cancel0", "cancel1"] || log == ["handler1", "cancel0", "cancel1"], "\(log)")
+        }
+
+        /// A thousand descriptor sources on one loop, one of them made ready: only that one fires.
+        @Test func oneReadySourceAmongAThousandIsTheOnlyOneThatFires() throws {
+            try descriptorHeavyTests.withLock { _ in
+                let (fired, result) = try onLoopThread { loop in
+                    let mode: PKRunLoopMode = "ds-thousand"
+                    var pipes: [TestPipe] = []
+                    defer { for pipe in pipes { pipe.closeBoth() } }
+                    var fired: [Int] = []
+                    var sources: [PKDescriptorSource] = []
+                    for index in 0..<1_000 {
+                        let pipe = try TestPipe()
+                        pipes.append(pipe)
+                        let source = PKDescriptorSource(descriptor: pipe.readEnd) { _ in
+                            fired.append(index)
+                            pipe.drain()
+                        }
+                        try loop.add(source, forMode: mode)
+                        sources.append(source)
+                    }
+                    // Let the loop settle with nothing ready, then make one ready.
+                    loop.run(in: mode, until: .after(.milliseconds(20)))
+                    pipes[617].makeReadable()
+                    let result = loop.run(in: mode, until: .after(.seconds(10)), returnAfterSourceHandled: true)
+                    loop.run(in: mode, until: .after(.milliseconds(20)))
+                    for source in sources { source.invalidate() }
+                    return (fired, result)
+                }
+                #expect(result == .handledSource)
+                #expect(fired == [617])
+            }
+        }
+
+        // MARK: - A loop hosted by another event system
+
+        /// A foreign event loop (here plain `poll(2)` on the owner thread) hosts the run loop: it
+        /// watches `loop.descriptor`, and when that is readable calls `runOnePass`, which handles
+        /// the ready source and returns without blocking. A source added before the loop ever ran
+        /// must make the descriptor readable too.
+        @Test func aLoopHostedThroughItsDescriptorHandlesAReadySourceInOnePass() throws {
+            let (readableBefore, readable, result, handled, readableAfter) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "ds-hosted"
+                let pipe = try TestPipe()
+                defer { pipe.closeBoth() }
+                var handled = 0
+                let source = PKDescriptorSource(descriptor: pipe.readEnd) { _ in
+                    handled += 1
+                    pipe.drain()
+                }
+                try loop.add(source, forMode: mode)
+                let readableBefore = try pollReadable(loop.descriptor, timeoutMilliseconds: 0)
+                pipe.makeReadable()
+                let readable = try pollReadable(loop.descriptor, timeoutMilliseconds: 5_000)
+                let result = loop.runOnePass(in: mode)
+                let readableAfter = try pollReadable(loop.descriptor, timeoutMilliseconds: 0)
+                source.invalidate()
+                return (readableBefore, readable, result, handled, readableAfter)
+            }
+            #expect(!readableBefore)
+            #expect(readable)
+            #expect(result == .timedOut)
+            #expect(handled == 1)
+            #expect(!readableAfter)
+        }
+
+        /// The hosted loop's timers and cross-thread work make the descriptor readable as well,
+        /// so a host that runs a pass whenever it is readable fires a timer once it is due and
+        /// runs a block another thread performs. (Readable may also mean a wake-up the loop no
+        /// longer needs: a host simply runs another pass.)
+        @Test func aHostedLoopsDescriptorBecomesReadableForDueTimersAndPerforms() throws {
+            let (fired, performed) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "ds-hosted-timer"
+                let fired = Locked(false)
+                keepAlive(loop, mode)
+                // The host's pass adds the timer (as a callback would), then waits in poll(2).
+                loop.perform(inModes: [mode]) {
+                    loop.scheduleTimer(after: .milliseconds(20), forMode: mode) { _ in fired.value = true }
+                }
+                try host(loop, mode, "timer") { fired.value }
+
+                let performed = Locked(false)
+                let other = TestThread { loop.perform(inModes: [mode]) { performed.value = true } }
+                try host(loop, mode, "perform") { performed.value }
+                try other.join()
+                return (fired.value, performed.value)
+            }
+            #expect(fired)
+            #expect(performed)
+        }
+    }
+}
+
+/// A host's event loop: waits in poll(2) for `loop.descriptor` (never longer than 5 s) and
+/// runs one pass each time it is readable, until `done`.
+private func host(_ loop: PKRunLoop, _ mode: PKRunLoopMode, _ what: String, until done: () -> Bool) throws {
+    let deadline = PKDeadline.after(.seconds(10))
+    while !done() {
+        if deadline.hasPassed { throw TestTimeout(what: what) }
+        guard try pollReadable(loop.descriptor, timeoutMilliseconds: 5_000) else {
+            throw TestTimeout(what: "\(what): the loop's descriptor to become readable")
+        }
+        loop.runOnePass(in: mode)
+    }
+}
+
+/// Whether `fd` is readable within `timeoutMilliseconds`, by `poll(2)`.
+private func pollReadable(_ fd: Int32, timeoutMilliseconds: Int32) throws -> Bool {
+    var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+    while true {
+        let n = poll(&entry, 1, timeoutMilliseconds)
+        if n >= 0 { return n == 1 && entry.revents & Int16(POLLIN) != 0 }
+        if errno != EINTR { throw TestSystemCallFailed(call: "poll", errno: errno) }
+    }
+}

@@ -1,0 +1,248 @@
+// Process hygiene: the thread rule traps, no descriptor outlives its loop or source, a loop's
+// items leave it when its thread ends, and an idle loop sleeps in epoll_wait without waking.
+
+import Foundation
+import Testing
+@testable import PortKit
+
+extension RunLoopTests {
+    @Suite struct RunLoopHygieneTests {
+        // MARK: - The thread rule
+
+        @Test func runningTheMainLoopFromAnotherThreadTraps() async {
+            let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+                let thread = TestThread {
+                    PKRunLoop.main.run(in: "wrong-thread-main", until: .after(.seconds(1)))
+                    exit(0)  // reached only if the call did not trap
+                }
+                try? thread.join(timeout: .seconds(30))
+                exit(0)
+            }
+            let message = String(decoding: result?.standardErrorContent ?? [], as: UTF8.self)
+            #expect(message.contains("is loop-only"))
+        }
+
+        @Test func runningALoopFromAThreadThatDoesNotOwnItTraps() async {
+            let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+                let made = TestLatch<PKRunLoop>()
+                let release = TestLatch<Bool>()
+                let owner = TestThread {
+                    made.set(PKRunLoop.current)
+                    _ = try? release.wait(timeout: .seconds(30))
+                }
+                let loop = try! made.wait()
+                loop.run(in: "wrong-thread-other", until: .after(.seconds(1)))
+                release.set(true)
+                try? owner.join()
+                exit(0)  // reached only if the call did not trap
+            }
+            let message = String(decoding: result?.standardErrorContent ?? [], as: UTF8.self)
+            #expect(message.contains("PKRunLoop.run(in:until:returnAfterSourceHandled:) is loop-only"))
+        }
+
+        @Test func addingAnItemFromAThreadThatDoesNotOwnTheLoopTraps() async {
+            await #expect(processExitsWith: .failure) {
+                let made = TestLatch<PKRunLoop>()
+                let release = TestLatch<Bool>()
+                let owner = TestThread {
+                    made.set(PKRunLoop.current)
+                    _ = try? release.wait(timeout: .seconds(30))
+                }
+                let loop = try! made.wait()
+                loop.add(PKCustomSource {}, forMode: "wrong-thread-add")
+                release.set(true)
+                try? owner.join()
+                exit(0)  // reached only if the call did not trap
+            }
+        }
+
+        @Test func runningInTheCommonPseudoModeTraps() async {
+            await #expect(processExitsWith: .failure) {
+                let thread = TestThread {
+                    PKRunLoop.current.run(in: .common, until: .after(.seconds(1)))
+                    exit(0)  // reached only if the call did not trap
+                }
+                try? thread.join(timeout: .seconds(30))
+                exit(0)
+            }
+        }
+
+        // MARK: - Descriptors
+
+        /// A thousand threads each make a loop (with a few items, after one pass) and end: every
+        /// loop is released and its epoll, eventfd and timerfd descriptors are closed.
+        @Test func aThousandLoopsWhoseThreadsEndLeaveNoDescriptorOpen() throws {
+            try descriptorHeavyTests.withLock { _ in
+                try TestThread { _ = PKRunLoop.current }.join()  // first-use set-up out of the count
+                let before = openDescriptorCount()
+                let loops = Locked<[WeakLoop]>([])
+                for _ in 0..<125 {
+                    let threads = (0..<8).map { _ in
+                        TestThread(name: "short-lived-loop") {
+                            let loop = PKRunLoop.current
+                            keepAlive(loop, "short-lived")
+                            loop.scheduleTimer(after: .seconds(60), forMode: "short-lived") { _ in }
+                            loop.runOnePass(in: "short-lived")
+                            loops.withLock { $0.append(WeakLoop(loop)) }
+                        }
+                    }
+                    for thread in threads { try thread.join() }
+                }
+                #expect(loops.value.count == 1_000)
+                try waitUntil("every loop released", timeout: .seconds(20)) { loops.value.allSatisfy { $0.loop == nil } }
+                let after = settledDescriptorCount(atMost: before + descriptorSlack)
+                #expect(after <= before + descriptorSlack, "before \(before), after \(after)")
+            }
+        }
+
+        /// A thousand descriptor sources (and as many custom sources and timers) added to a loop,
+        /// run, then removed: nothing the loop opened for them stays open.
+        @Test func aThousandSourcesAddedAndRemovedLeaveNoDescriptorOpen() throws {
+            try descriptorHeavyTests.withLock { _ in
+                let before = openDescriptorCount()
+                let (handled, remaining) = try onLoopThread { loop in
+                    let mode: PKRunLoopMode = "hygiene-thousand-sources"
+                    var handled = 0
+                    var pipes: [TestPipe] = []
+                    var descriptors: [PKDescriptorSource] = []
+                    var customs: [PKCustomSource] = []
+                    var timers: [PKTimer] = []
+                    for _ in 0..<1_000 {
+                        let pipe = try TestPipe()
+                        pipes.append(pipe)
+                        let source = PKDescriptorSource(descriptor: pipe.readEnd) { _ in
+                            handled += 1
+                            pipe.drain()
+                        }
+                        try loop.add(source, forMode: mode)
+                        descriptors.append(source)
+                        let custom = PKCustomSource {}
+                        loop.add(custom, forMode: mode)
+                        customs.append(custom)
+                        timers.append(loop.scheduleTimer(after: .seconds(60), forMode: mode) { _ in })
+                        pipe.makeReadable()
+                    }
+                    let deadline = PKDeadline.after(.seconds(20))
+                    while handled < 1_000 && !deadline.hasPassed { loop.run(in: mode, until: .after(.milliseconds(50))) }
+                    for (index, source) in descriptors.enumerated() {
+                        // Half leave their mode first; all are invalidated before their pipes close.
+                        if index.isMultiple(of: 2) { loop.remove(source, forMode: mode) }
+                        source.invalidate()
+                    }
+                    for custom in customs { loop.remove(custom, forMode: mode) }
+                    for timer in timers { timer.invalidate() }
+                    for pipe in pipes { pipe.closeBoth() }
+                    let remaining = loop.run(in: mode, until: .after(.seconds(5)))
+                    return (handled, remaining)
+                }
+                #expect(handled == 1_000)
+                #expect(remaining == .finished)
+                let after = settledDescriptorCount(atMost: before + descriptorSlack)
+                #expect(after <= before + descriptorSlack, "before \(before), after \(after)")
+            }
+        }
+
+        // MARK: - Thread end
+
+        /// When a loop's thread ends, its items leave it: custom sources are invalidated and their
+        /// cancel routine runs for each mode, descriptor sources' cancel handlers run, timers and
+        /// observers are invalidated.
+        @Test func aLoopWhoseThreadEndsInvalidatesItsItems() throws {
+            let pipe = try TestPipe()
+            defer { pipe.closeBoth() }
+            let log = Locked<[String]>([])
+            let items = TestLatch<ThreadEndItems>()
+            let thread = TestThread(name: "ending-loop-thread") {
+                let loop = PKRunLoop.current
+                let custom = PKCustomSource(cancel: { _, mode in log.append("custom-cancel \(mode)") }) {}
+                loop.add(custom, forMode: "thread-end-a")
+                loop.add(custom, forMode: "thread-end-b")
+                let descriptor = PKDescriptorSource(
+                    descriptor: pipe.readEnd, handler: { _ in }, cancel: { log.append("descriptor-cancel") })
+                do { try loop.add(descriptor, forMode: "thread-end-a") } catch { log.append("add failed: \(error)") }
+                let timer = loop.scheduleTimer(after: .seconds(60), forMode: "thread-end-a") { _ in }
+                let observer = PKRunLoopObserver(activities: .all) { _, _ in }
+                loop.add(observer, forMode: "thread-end-a")
+                loop.runOnePass(in: "thread-end-a")
+                items.set(ThreadEndItems(custom: custom, descriptor: descriptor, timer: timer, observer: observer))
+            }
+            try thread.join()
+            // The pthread key's destructor runs after the thread's body returned.
+            try waitUntil("cancel routines") { log.value.count == 3 }
+            let ended = try items.wait()
+            #expect(Set(log.value) == ["custom-cancel thread-end-a", "custom-cancel thread-end-b", "descriptor-cancel"])
+            #expect(!ended.custom.isValid)
+            #expect(!ended.descriptor.isValid)
+            #expect(!ended.timer.isValid)
+            #expect(!ended.observer.isValid)
+        }
+
+        // MARK: - Sleeping
+
+        /// No periodic wake-up: a run with nothing to do (one timer a minute away) sleeps once for
+        /// its whole 300 ms.
+        @Test func anIdleLoopSleepsOnceForTheWholeRun() throws {
+            let (log, result) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "hygiene-idle"
+                let log = Locked<[String]>([])
+                keepAlive(loop, mode)
+                let far = loop.scheduleTimer(after: .seconds(60), forMode: mode) { _ in }
+                logActivities(of: loop, in: mode, into: log, [.beforeWaiting, .afterWaiting])
+                let result = loop.run(in: mode, until: .after(.milliseconds(300)))
+                far.invalidate()
+                return (log.value, result)
+            }
+            #expect(result == .timedOut)
+            #expect(log == ["beforeWaiting", "afterWaiting"])
+        }
+
+        /// While it sleeps, the loop's thread is blocked in epoll_wait (its kernel wait channel is
+        /// `ep_poll`). Cancelled where the kernel does not report wait channels.
+        @Test func anIdleLoopBlocksInEpollWait() throws {
+            let channels = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "hygiene-wchan"
+                let asleep = Locked(false)
+                let channels = Locked<Set<String>>([])
+                flagWhenAsleep(loop, mode, asleep)
+                keepAlive(loop, mode)
+                let path = "/proc/self/task/\(loop.threadID)/wchan"
+                let watcher = TestThread {
+                    try? waitUntil("loop asleep") { asleep.value }
+                    try? waitUntil("ep_poll", timeout: .seconds(5)) {
+                        let channel = (try? String(contentsOfFile: path, encoding: .utf8)) ?? "?"
+                        channels.withLock { _ = $0.insert(channel) }
+                        return epollWaitChannels.contains(channel)
+                    }
+                    loop.stop()
+                }
+                loop.run(in: mode, until: .after(.seconds(10)))
+                try watcher.join()
+                return channels.value
+            }
+            if !channels.contains(where: epollWaitChannels.contains) && channels.isSubset(of: ["0", "?", ""]) {
+                try Test.cancel("the kernel does not report wait channels here")
+            }
+            #expect(channels.contains(where: epollWaitChannels.contains), "\(channels)")
+        }
+    }
+}
+
+/// The wait channels of a thread blocked in epoll_wait.
+private let epollWaitChannels: Set<String> = ["ep_poll", "do_epoll_wait"]
+
+/// Room for descriptors another test opens at the same time; a leak here would be thousands.
+private let descriptorSlack = 32
+
+/// The items of a loop whose thread ends, handed back to the test.
+private struct ThreadEndItems: Sendable {
+    let custom: PKCustomSource
+    let descriptor: PKDescriptorSource
+    let timer: PKTimer
+    let observer: PKRunLoopObserver
+}
+
+/// A weak reference to a loop, to see it released once its thread ended.
+private final class WeakLoop: @unchecked Sendable {
+    weak var loop: PKRunLoop?
+    init(_ loop: PKRunLoop) { self.loop = loop }
+}

@@ -1,0 +1,84 @@
+// Runs the PortKitTestPeer helper executable (built next to the test bundle) and reads its
+// output lines with deadlines.
+
+import Foundation
+@testable import PortKit
+
+struct PeerError: Error, CustomStringConvertible {
+    let description: String
+}
+
+final class PeerProcess: @unchecked Sendable {
+    let process = Process()
+    private let stdinPipe = Pipe()
+    private let stdoutPipe = Pipe()
+    private var buffered: [UInt8] = []
+
+    /// The helper executable: next to the running test binary.
+    static var executablePath: String {
+        let exe = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        var directory = URL(fileURLWithPath: exe).deletingLastPathComponent()
+        // The xctest bundle on Linux is a plain file in the build directory.
+        if directory.lastPathComponent.hasSuffix(".xctest") { directory = directory.deletingLastPathComponent() }
+        return directory.appendingPathComponent("PortKitTestPeer").path
+    }
+
+    init(_ arguments: [String], environment: [String: String] = [:]) throws {
+        process.executableURL = URL(fileURLWithPath: Self.executablePath)
+        process.arguments = arguments
+        var env = ProcessInfo.processInfo.environment
+        for (key, value) in environment { env[key] = value }
+        process.environment = env
+        process.standardInput = stdinPipe
+        process.standardOutput = stdoutPipe
+        try process.run()
+    }
+
+    var pid: Int32 { process.processIdentifier }
+
+    /// The next line the peer printed, waiting up to `timeout`.
+    func readLine(timeout: Duration = .seconds(20)) throws -> String {
+        let fd = stdoutPipe.fileHandleForReading.fileDescriptor
+        let deadline = PKDeadline.after(timeout)
+        while true {
+            if let newline = buffered.firstIndex(of: 10) {
+                let line = String(decoding: buffered[..<newline], as: UTF8.self)
+                buffered.removeSubrange(...newline)
+                return line
+            }
+            var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            let ms = Int32(clamping: max(0, (deadline - .now).components.seconds * 1000 + (deadline - .now).components.attoseconds / 1_000_000_000_000_000))
+            if deadline.hasPassed { throw PeerError(description: "peer \(process.arguments ?? []) printed no line in time") }
+            guard poll(&pfd, 1, max(ms, 1)) > 0 else { continue }
+            var chunk = [UInt8](repeating: 0, count: 4096)
+            let n = read(fd, &chunk, chunk.count)
+            if n <= 0 { throw PeerError(description: "peer \(process.arguments ?? []) closed its output (exit \(process.isRunning ? "-" : "\(process.terminationStatus)"))") }
+            buffered += chunk[0..<n]
+        }
+    }
+
+    /// Expects the next line to be `expected`.
+    func expectLine(_ expected: String, timeout: Duration = .seconds(20)) throws {
+        let line = try readLine(timeout: timeout)
+        if line != expected { throw PeerError(description: "peer printed \"\(line)\", expected \"\(expected)\"") }
+    }
+
+    /// Closes the peer's standard input.
+    func closeInput() { try? stdinPipe.fileHandleForWriting.close() }
+
+    /// Waits for the peer to exit; returns its status.
+    @discardableResult
+    func waitForExit(timeout: Duration = .seconds(20)) throws -> Int32 {
+        try waitUntil("peer \(process.arguments ?? []) to exit", timeout: timeout) { !process.isRunning }
+        return process.terminationStatus
+    }
+
+    func kill(_ signal: Int32 = SIGKILL) { Glibc.kill(pid, signal) }
+
+    deinit {
+        if process.isRunning {
+            Glibc.kill(pid, SIGKILL)
+            process.waitUntilExit()
+        }
+    }
+}
