@@ -6,6 +6,9 @@ let package = Package(
     products: [
         .library(name: "PortKit", targets: ["PortKit"]),
         .executable(name: "checkin-main", targets: ["CheckinMain"]),
+        .executable(name: "checkin-worker", targets: ["CheckinWorker"]),
+        // The ZeroMQ transport: empty unless the `ZeroMQ` trait is enabled.
+        .library(name: "PortKitZeroMQ", targets: ["PortKitZeroMQ"]),
     ],
     traits: [
         .trait(name: "ZeroMQ", description: "The ZeroMQ transport (needs libzmq: Debian's libzmq3-dev)."),
@@ -45,6 +48,12 @@ let package = Package(
             path: "Examples/checkin-main",
             exclude: ["README.md"]
         ),
+        .executableTarget(
+            name: "CheckinWorker",
+            dependencies: ["CheckinExample"],
+            path: "Examples/checkin-worker",
+            exclude: ["README.md"]
+        ),
         .testTarget(
             name: "PortKitTests",
             dependencies: ["PortKit"]
@@ -54,6 +63,48 @@ let package = Package(
             name: "PortKitTestPeer",
             dependencies: ["PortKit"],
             path: "Tests/PortKitTestPeer"
+        ),
+        // The ZeroMQ transport (trait `ZeroMQ`): libzmq through pkg-config, a module that depends
+        // on the core (never the reverse), and its tests and peer processes. Without the trait
+        // every file of these targets compiles to nothing and nothing needs libzmq.
+        .systemLibrary(
+            name: "CZeroMQ",
+            path: "Sources/CZeroMQ",
+            pkgConfig: "libzmq",
+            providers: [.apt(["libzmq3-dev"])]
+        ),
+        .target(
+            name: "PortKitZeroMQ",
+            dependencies: [
+                "PortKit",
+                .target(name: "CZeroMQ", condition: .when(traits: ["ZeroMQ"])),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .testTarget(
+            name: "PortKitZeroMQTests",
+            dependencies: [
+                "PortKit",
+                "PortKitZeroMQ",
+                .target(name: "CZeroMQ", condition: .when(traits: ["ZeroMQ"])),
+            ]
+        ),
+        // Peer processes for the ZeroMQ tests: one on PortKitZeroMQ, one in plain C on libzmq.
+        .executableTarget(
+            name: "PortKitZMQPeer",
+            dependencies: [
+                "PortKit",
+                "PortKitZeroMQ",
+            ],
+            path: "Tests/PortKitZMQPeer"
+        ),
+        .executableTarget(
+            name: "PortKitZMQCPeer",
+            dependencies: [
+                .target(name: "CZeroMQ", condition: .when(traits: ["ZeroMQ"])),
+            ],
+            path: "Tests/PortKitZMQCPeer",
+            cSettings: [.define("PORTKIT_ZEROMQ", .when(traits: ["ZeroMQ"]))]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -18,3 +18,10 @@ func printError(_ line: String) {
         if written > 0 { offset += written } else if written < 0 && errno == EINTR { continue } else { return }
     }
 }
+
+/// Prints `line` to standard output and flushes it at once, so a progress line reaches a pipe
+/// (a test, another program) while this process waits.
+func printLine(_ line: String) {
+    print(line)
+    fflush(nil)
+}

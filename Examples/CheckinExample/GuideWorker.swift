@@ -62,6 +62,6 @@ final class GuideWorker {
 
     /// The port's handler (the delegate's `handlePortMessage:`): the jobs, then the exit.
     private func handlePortMessage(_ message: PKPortMessage) {
-        if role?.handle(message) == .exit { shouldExit = true }
+        if role?.handleOnThread(message) == false { shouldExit = true }
     }
 }

@@ -2,11 +2,15 @@
 // is little-endian.
 //
 //     msgid  name      direction        components
-//     100    check-in  worker -> main   data: the worker's name; reply port: the worker's port
+//     100    check-in  worker -> main   data: the worker's name (a worker process's registered
+//                                             port name); reply port: the worker's port
 //     200    count     main -> worker   data: job id (4 bytes); data: the chunk's bytes
 //     201    counted   worker -> main   data: job id (4), words (8), bytes (8), FNV-1a (8),
 //                                             nanoseconds spent counting (8)
-//     300    exit      main -> worker   none: leave the run loop and end
+//     300    exit      main -> worker   none: leave the run loop and end (a process exits 0)
+//
+// A worker launched by PKWorkerThread or PKWorkerProcess checks in with that type's own
+// private check-in port and is stopped with its stop() (PKCheckIn.stopMessageID).
 
 import PortKit
 

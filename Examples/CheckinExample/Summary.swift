@@ -18,7 +18,7 @@ struct Summary {
             let trips = worker.roundTrips.sorted()
             rows.append([
                 worker.name, worker.kind, worker.transport, worker.launchedWith,
-                worker.checkInNanoseconds.map(micros) ?? "-", grouped(trips.count),
+                worker.checkInNanoseconds.map(elapsed) ?? "-", grouped(trips.count),
                 median(trips).map(micros) ?? "-", trips.first.map(micros) ?? "-", trips.last.map(micros) ?? "-",
                 median(worker.countingTimes.sorted()).map(micros) ?? "-",
             ])
@@ -30,11 +30,20 @@ struct Summary {
 
         let all = workers.flatMap(\.roundTrips).sorted()
         let perSecond = workNanoseconds > 0 ? UInt64(all.count) * 1_000_000_000 / workNanoseconds : 0
-        lines.append("totals: \(workers.count) \(workers.count == 1 ? "worker" : "workers"), \(grouped(all.count)) round trips in \(millis(workNanoseconds)) (\(grouped(Int(perSecond))) a second)"
+        let threads = workers.count(where: { $0.kind == "thread" })
+        let processes = workers.count - threads
+        let kinds = "\(threads) \(threads == 1 ? "thread" : "threads"), \(processes) \(processes == 1 ? "process" : "processes")"
+        lines.append("totals: \(workers.count) \(workers.count == 1 ? "worker" : "workers") (\(kinds)), \(grouped(all.count)) round trips in \(millis(workNanoseconds)) (\(grouped(Int(perSecond))) a second)"
             + (all.isEmpty ? "" : "; median \(micros(median(all)!)), min \(micros(all.first!)), max \(micros(all.last!))"))
         lines.append("text: \(grouped(Int(whole.bytes))) bytes, \(grouped(Int(whole.words))) words, \(job.chunks.count) chunks, counted \(job.rounds) \(job.rounds == 1 ? "time" : "times")")
         lines.append("verified: every chunk's words and FNV-1a hash, in every round, match a single-threaded pass (\(grouped(Int(whole.words))) words)")
-        lines.append("shut down: \(workers.filter(\.stopped).count) of \(workers.count) workers stopped")
+        var shutDown = "shut down: \(workers.filter(\.stopped).count) of \(workers.count) workers stopped"
+        let spawned = workers.filter(\.isSpawnedProcess)
+        if !spawned.isEmpty {
+            let clean = spawned.count(where: { $0.exitStatus == 0 })
+            shutDown += "; \(clean) of \(spawned.count) spawned \(spawned.count == 1 ? "process" : "processes") exited with status 0"
+        }
+        lines.append(shutDown)
         return lines
     }
 
@@ -72,6 +81,12 @@ func median(_ sorted: [UInt64]) -> UInt64? {
 /// Nanoseconds as whole microseconds: "412 µs".
 func micros(_ nanoseconds: UInt64) -> String {
     "\(grouped(Int((nanoseconds + 500) / 1000))) µs"
+}
+
+/// A span that may be long (a process's start, a wait for someone to start a worker by
+/// hand): microseconds below 10 ms, then milliseconds.
+func elapsed(_ nanoseconds: UInt64) -> String {
+    nanoseconds < 10_000_000 ? micros(nanoseconds) : millis(nanoseconds)
 }
 
 /// Nanoseconds as milliseconds with one decimal: "14.2 ms".

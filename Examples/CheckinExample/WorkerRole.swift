@@ -6,13 +6,16 @@ import PortKit
 /// What a worker does with the messages it gets once it has checked in.
 ///
 /// It holds only a send right to the main port, so the same role serves a thread launched by
-/// `PKWorkerThread`, a thread launched the guide's long way (`GuideWorker`), and, later, a
-/// worker process that found the main port by name.
+/// `PKWorkerThread`, a thread launched the guide's long way (`GuideWorker`), a worker process
+/// that found the main port by name, and one launched by `PKWorkerProcess`.
 struct WorkerRole {
     /// What the worker's run loop should do after a message.
-    enum Next {
+    enum Next: Equatable {
         case carryOn
+        /// Told to stop (msgid 300).
         case exit
+        /// Something went wrong; the caller says why and stops.
+        case giveUp(String)
     }
 
     let name: String
@@ -24,7 +27,7 @@ struct WorkerRole {
         switch message.msgid {
         case ExampleMessage.count:
             guard let request = CountRequest(message) else {
-                return giveUp("a malformed job (\(message.components.count) components)")
+                return .giveUp("a malformed job (\(message.components.count) components)")
             }
             let started = PKDeadline.now
             let tally = Tally(counting: request.chunk[...])
@@ -33,20 +36,30 @@ struct WorkerRole {
             do {
                 try mainPort.send(reply.message, before: .after(.seconds(5)))
             } catch {
-                return giveUp("cannot reply to the main thread: \(error.message)")
+                return .giveUp("cannot reply to the main thread: \(error.message)")
             }
             return .carryOn
         case ExampleMessage.exit:
             return .exit
         default:
-            return giveUp("an unexpected message (msgid \(message.msgid))")
+            return .giveUp("an unexpected message (msgid \(message.msgid))")
         }
     }
 
-    /// Says why the worker stops. The main thread learns it from the worker's port becoming
-    /// invalid when the worker leaves its loop.
-    private func giveUp(_ reason: String) -> Next {
-        printError("\(name): \(reason); stopping")
-        return .exit
+    /// `handle(_:)` for a worker thread, which has no exit status to fail with: says on
+    /// standard error why it gives up, if it does. The main thread learns it from the worker's
+    /// port becoming invalid when the worker leaves its loop.
+    ///
+    /// - Returns: whether the worker should stay in its loop.
+    func handleOnThread(_ message: PKPortMessage) -> Bool {
+        switch handle(message) {
+        case .carryOn:
+            return true
+        case .exit:
+            return false
+        case .giveUp(let reason):
+            printError("\(name): \(reason); stopping")
+            return false
+        }
     }
 }

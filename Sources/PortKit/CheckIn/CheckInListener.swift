@@ -41,15 +41,18 @@ final class CheckInListener {
 
     /// Runs the loop in the private mode until the worker checks in, ends, or `deadline` passes.
     ///
+    /// - Parameter keepOpen: keep the check-in port (and so the worker's connection to it) open
+    ///   after the check-in, until the listener is released: a worker process watches that
+    ///   connection to learn that its launcher died.
     /// - Returns: the worker's port and its check-in data.
     /// - Throws: `PKError` with `.checkInTimedOut` or `.checkInFailed`.
-    func wait(for name: String, until deadline: PKDeadline) throws(PKError) -> (port: PKSendPort, data: [UInt8]) {
+    func wait(for name: String, until deadline: PKDeadline, keepOpen: Bool = false) throws(PKError) -> (port: PKSendPort, data: [UInt8]) {
         while action == .wait {
             if loop.run(in: mode, until: deadline, returnAfterSourceHandled: true) == .timedOut, action == .wait {
                 action = machine.handle(.deadlinePassed)
             }
         }
-        port.invalidate()
+        if !keepOpen || action != .acceptWorker { port.invalidate() }
         guard action == .acceptWorker, let workerPort else {
             if case .fail(let code, let reason) = action { throw PKError(code, "worker \(name): \(reason)") }
             throw PKError(.checkInFailed, "worker \(name) did not check in")
@@ -65,21 +68,25 @@ enum WorkerRuntime {
     /// Makes the worker's port, runs `setUp`, checks in over `checkInRight` (msgid 100, the
     /// worker's port as the reply port), then runs the loop until told to stop.
     ///
-    /// - Returns: false if the worker never checked in.
-    @discardableResult
+    /// - Parameter watchLauncher: keep the check-in connection and end the loop when it breaks
+    ///   (the launcher died); for worker processes, whose launcher keeps its end open.
+    /// - Throws: `PKError` with `.checkInFailed` if the worker could not check in (the reason
+    ///   `setUp` gave included).
     static func serve(
-        name: String, mainPort: PKSendPort?, checkInRight: PKSendPort,
+        name: String, mainPort: PKSendPort?, checkInRight: PKSendPort, watchLauncher: Bool = false,
         setUp: (PKWorkerContext) throws -> Void
-    ) -> Bool {
+    ) throws(PKError) {
         let loop = PKRunLoop.current
         let port = PKReceivePort()
         defer {
             port.invalidate()
             checkInRight.invalidate()
         }
-        guard (try? loop.add(port, forMode: .default)) != nil else { return false }
+        try loop.add(port, forMode: .default)
         let context = PKWorkerContext(loop: loop, port: port, mainPort: mainPort, checkInPort: checkInRight, name: name)
-        do { try setUp(context) } catch { return false }
+        do { try setUp(context) } catch {
+            throw PKError(.checkInFailed, "worker \(name): set-up failed before the check-in: \(error)")
+        }
 
         let userHandler = port.handler
         port.handler = { [unowned context] message in
@@ -88,12 +95,19 @@ enum WorkerRuntime {
         }
         // Listing 3-15: send the check-in message, the worker's port as the reply port.
         let checkIn = PKPortMessage(msgid: PKCheckIn.messageID, data: context.checkInData, replyPort: port.makeSendRight())
-        guard (try? checkInRight.send(checkIn, before: .after(PKCheckIn.defaultTimeout))) != nil else { return false }
-        checkInRight.invalidate()
+        do { try checkInRight.send(checkIn, before: .after(PKCheckIn.defaultTimeout)) } catch {
+            throw PKError(.checkInFailed, "worker \(name): the check-in message could not be sent: \(error.message)")
+        }
+        var launcherWatch: PKInvalidationWatch?
+        if watchLauncher {
+            launcherWatch = try? checkInRight.watchInvalidation(on: loop, forMode: .default) { context.requestStop() }
+        } else {
+            checkInRight.invalidate()
+        }
+        defer { launcherWatch?.cancel() }
         // Listing 3-14: let the run loop process things until told to exit.
         repeat {
             loop.run(in: .default, until: .distantFuture, returnAfterSourceHandled: true)
         } while !context.shouldExit && port.isValid
-        return true
     }
 }

@@ -23,6 +23,8 @@ public final class PKWorkerProcess: @unchecked Sendable {
     public let name: String
 
     private let child: ChildProcess
+    /// Kept open while the child runs: the child learns of the launcher's death when it closes.
+    private let listener: CheckInListener
     private let stopped = Atomic<Bool>(false)
 
     static let checkInDescriptor: Int32 = 3
@@ -45,6 +47,7 @@ public final class PKWorkerProcess: @unchecked Sendable {
     ) throws(PKError) {
         self.name = name
         let listener = try CheckInListener()
+        self.listener = listener
         // The child gets a connection to the check-in port (and maybe to mainPort); our copies
         // close as soon as it is started, or the listener would never see the child die.
         var inherit = [(try listener.makeWorkerConnection(), Self.checkInDescriptor)]
@@ -58,7 +61,7 @@ public final class PKWorkerProcess: @unchecked Sendable {
         for (fd, _) in inherit { Descriptor.close(fd) }
         inherit = []
         do throws(PKError) {
-            (port, checkInData) = try listener.wait(for: name, until: .after(checkInTimeout))
+            (port, checkInData) = try listener.wait(for: name, until: .after(checkInTimeout), keepOpen: true)
         } catch {
             child.kill(SIGKILL_VALUE)
             _ = child.waitUntilExit(until: .after(.seconds(5)))
@@ -71,11 +74,12 @@ public final class PKWorkerProcess: @unchecked Sendable {
 
     /// In a process started by `PKWorkerProcess`: checks in with the launcher (msgid 100, this
     /// process's port as the reply port) and serves messages on the main thread's loop until
-    /// told to stop. The counterpart of `PKWorkerThread`'s thread body.
+    /// told to stop, or until the launcher dies (its end of the check-in connection closes).
+    /// The counterpart of `PKWorkerThread`'s thread body.
     ///
     /// - Parameter setUp: runs before the check-in; set `context.port.handler` here.
     /// - Throws: `PKError` with `.checkInFailed` if this process was not launched as a worker or
-    ///   could not check in.
+    ///   could not check in (with the reason `setUp` threw, if it did).
     public static func serve(setUp: (PKWorkerContext) throws -> Void) throws(PKError) {
         guard let value = Files.environment(environmentKey) else {
             throw PKError(.checkInFailed, "this process was not started by PKWorkerProcess (\(environmentKey) is not set)")
@@ -85,9 +89,7 @@ public final class PKWorkerProcess: @unchecked Sendable {
         let hasMain = parts.last == "1"
         let checkInRight = PKSendPort(connection: SendConnection(takingOwnershipOf: try Descriptor.adoptInherited(checkInDescriptor)))
         let mainPort = hasMain ? PKSendPort(connection: SendConnection(takingOwnershipOf: try Descriptor.adoptInherited(mainPortDescriptor))) : nil
-        guard WorkerRuntime.serve(name: name, mainPort: mainPort, checkInRight: checkInRight, setUp: setUp) else {
-            throw PKError(.checkInFailed, "worker \(name) could not check in")
-        }
+        try WorkerRuntime.serve(name: name, mainPort: mainPort, checkInRight: checkInRight, watchLauncher: true, setUp: setUp)
     }
 
     /// Asks the child to stop and waits for it to exit; kills it (SIGKILL) if it has not

@@ -29,9 +29,12 @@ public final class PKWorkerContext: @unchecked Sendable {
         self.name = name
     }
 
-    /// Makes the worker leave its loop after the current message, as if told to stop.
+    /// Makes the worker leave its loop after the current callback, as if told to stop.
     /// Loop-only (the worker's thread).
-    public func requestStop() { shouldExit = true }
+    public func requestStop() {
+        shouldExit = true
+        loop.stop()
+    }
 }
 
 /// A worker thread that has checked in (czmq's `zactor` pattern on the guide's handshake).
@@ -77,7 +80,7 @@ public final class PKWorkerThread: @unchecked Sendable {
         let finished = Semaphore()
         self.finished = finished
         thread = try SystemThread(name: name) {
-            WorkerRuntime.serve(name: name, mainPort: mainPort, checkInRight: checkInRight, setUp: setUp)
+            try? WorkerRuntime.serve(name: name, mainPort: mainPort, checkInRight: checkInRight, setUp: setUp)
             finished.signal()
         }
         do throws(PKError) {

@@ -406,7 +406,16 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         }
         if !connection.failed { adoptAttachedSenders(connection) }
         deliverQueuedMessages()
-        if (connection.finished || connection.failed) && !connection.hasQueuedMessages { drop(connection) }
+        if connection.finished || connection.failed {
+            if !connection.hasQueuedMessages {
+                drop(connection)
+            } else {
+                // Ended with messages still queued (a handler runs a nested loop): nothing more
+                // to read, so stop watching the end of the stream, which stays readable and
+                // would wake every pass; the delivery under way drains the queue and drops it.
+                connection.source.events = []
+            }
+        }
     }
 
     private func adoptAttachedSenders(_ connection: ReceiveConnection) {

@@ -179,7 +179,7 @@ private final class MyWorkerClass {
 
 @Suite struct GuideCheckInTests {
     @Test func listings3_12to3_15CheckInThenExchangeMessages() throws {
-        try onLoopThread(timeout: .seconds(60)) { loop in
+        try onPortLoopThread(timeout: .seconds(60)) { loop in
             let controller = MainThreadController()
             try controller.launchThread()
 
@@ -199,8 +199,8 @@ private final class MyWorkerClass {
 
             // Tell the worker to exit; its thread ends and its port with it.
             try worker.send(PKPortMessage(msgid: kExitMessage), before: .after(.seconds(5)))
-            try #require(controller.workerThread).join(timeout: .seconds(20))
-            try waitUntil("the worker's port to become invalid") { !worker.isValid }
+            try #require(controller.workerThread).joinPatiently(timeout: .seconds(20))
+            try waitPatiently("the worker's port to become invalid") { !worker.isValid }
             #expect {
                 try worker.send(PKPortMessage(msgid: kWorkMessage), before: .after(.seconds(1)))
             } throws: { ($0 as? PKError)?.code == .invalidPort }
@@ -211,7 +211,7 @@ private final class MyWorkerClass {
     /// The same handshake with several workers at once: each checks in with its own port, and
     /// the main thread tells their answers apart.
     @Test func severalWorkersCheckInToOnePort() throws {
-        try onLoopThread(timeout: .seconds(60)) { loop in
+        try onPortLoopThread(timeout: .seconds(60)) { loop in
             var workers: [PKSendPort] = []
             var answers: [String] = []
             let myPort = PKReceivePort { message in
@@ -231,7 +231,7 @@ private final class MyWorkerClass {
             try runLoop(loop, "four answers") { answers.count == 4 }
             #expect(Set(answers) == ["0w", "1w", "2w", "3w"])
             for worker in workers { try worker.send(PKPortMessage(msgid: kExitMessage), before: .after(.seconds(5))) }
-            for thread in threads { try thread.join(timeout: .seconds(20)) }
+            for thread in threads { try thread.joinPatiently(timeout: .seconds(20)) }
             myPort.invalidate()
         }
     }

@@ -11,7 +11,7 @@ import Testing
     @Test func stopJoinsAndTheWorkersPortIsInvalidAfterwards() throws {
         let ended = Locked(false)
         let handled = Locked<[UInt32]>([])
-        try onLoopThread { _ in
+        try onPortLoopThread { _ in
             let worker = try PKWorkerThread(name: "stopper") { context in
                 context.port.handler = { message in handled.withLock { $0.append(message.msgid) } }
                 let loop = context.loop
@@ -34,7 +34,7 @@ import Testing
     /// A worker reaches its launcher through `mainPort`, and the launcher's loop delivers what
     /// it sends there; the check-in data arrives with the check-in.
     @Test func aWorkerReportsToItsMainPort() throws {
-        try onLoopThread { loop in
+        try onPortLoopThread { loop in
             var reports: [String] = []
             let mainPort = PKReceivePort { reports.append($0.text) }
             try loop.add(mainPort, forMode: .default)
@@ -57,7 +57,7 @@ import Testing
     /// While `init` waits for the check-in, the launcher's own ports are not served (the wait
     /// runs a private mode); they are served afterwards.
     @Test func theLaunchersHandlersWaitDuringTheCheckIn() throws {
-        try onLoopThread { loop in
+        try onPortLoopThread { loop in
             var log: [String] = []
             let mine = PKReceivePort { log.append("mine \($0.msgid)") }
             try loop.add(mine, forMode: .default)
@@ -78,12 +78,12 @@ import Testing
     /// thread ends first (its set-up throws) with `.checkInFailed`, before the deadline.
     @Test func checkInFailures() throws {
         struct Refused: Error {}
-        try onLoopThread { _ in
+        try onPortLoopThread { _ in
             let release = Locked(false)
             let start = PKDeadline.now
             #expect {
                 _ = try PKWorkerThread(name: "mute", checkInTimeout: .milliseconds(300)) { _ in
-                    try? waitUntil("release", timeout: .seconds(20)) { release.value }
+                    try? waitPatiently("release", timeout: .seconds(20)) { release.value }
                 }
             } throws: { ($0 as? PKError)?.code == .checkInTimedOut }
             #expect(PKDeadline.now - start >= .milliseconds(300), "never early")
@@ -99,14 +99,14 @@ import Testing
 
     /// Several workers, each stopped: all threads end; their ports are all invalid.
     @Test func severalWorkersStartAndStop() throws {
-        try onLoopThread(timeout: .seconds(60)) { _ in
+        try onPortLoopThread(timeout: .seconds(60)) { _ in
             let workers = try (0..<6).map { index in
                 try PKWorkerThread(name: "w\(index)") { context in
                     context.port.handler = { try? $0.replyPort?.send(PKPortMessage(msgid: $0.msgid + 1), timeout: .seconds(5)) }
                 }
             }
             for (index, worker) in workers.enumerated() {
-                let reply = try worker.port.sendRequest(PKPortMessage(msgid: UInt32(index)), sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+                let reply = try worker.port.sendRequest(PKPortMessage(msgid: UInt32(index)), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
                 #expect(reply?.msgid == UInt32(index) + 1)
             }
             for worker in workers { try worker.stop() }

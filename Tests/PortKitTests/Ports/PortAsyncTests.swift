@@ -12,7 +12,7 @@ func withDeadline<R: Sendable>(
     try await withThrowingTaskGroup(of: R?.self) { group in
         group.addTask { try await body() }
         group.addTask {
-            try? await Task.sleep(for: timeout)
+            try? await Task.sleep(for: patience(timeout))
             return nil
         }
         defer { group.cancelAll() }
@@ -26,7 +26,6 @@ func withDeadline<R: Sendable>(
     /// order; leaving the loop invalidates the port.
     @Test func messagesAsAnAsyncSequence() async throws {
         let port = PKReceivePort()
-        let stream = try port.messages()
         let right = port.makeSendRight()
         let count = 500
         let sender = TestThread {
@@ -34,7 +33,7 @@ func withDeadline<R: Sendable>(
         }
         let ids = try await withDeadline(.seconds(30), "\(count) messages") {
             var ids: [UInt32] = []
-            for await message in stream {
+            for await message in try port.messages() {
                 #expect(message.data == [UInt8(truncatingIfNeeded: message.msgid)])
                 ids.append(message.msgid)
                 if ids.count == count { break }
@@ -42,8 +41,8 @@ func withDeadline<R: Sendable>(
             return ids
         }
         #expect(ids == (0..<UInt32(count)).map { $0 })
-        try sender.join()
-        try waitUntil("the port to be invalidated when the iteration ended") { !port.isValid }
+        try sender.joinPatiently()
+        try waitPatiently("the port to be invalidated when the iteration ended") { !port.isValid }
         #expect(!right.isValid)
     }
 
@@ -64,7 +63,7 @@ func withDeadline<R: Sendable>(
             return ids
         }
         #expect(ids == [0, 1, 2])
-        try sender.join()
+        try sender.joinPatiently()
     }
 
     /// `deliver(on:)`: messages are handed to the handler on the queue, in order.
@@ -83,12 +82,12 @@ func withDeadline<R: Sendable>(
         let sender = TestThread {
             for id in 0..<count { try? right.send(PKPortMessage(msgid: UInt32(id)), timeout: .seconds(10)) }
         }
-        try sender.join()
-        try waitUntil("\(count) messages on the queue") { got.value.count == count }
+        try sender.joinPatiently()
+        try waitPatiently("\(count) messages on the queue") { got.value.count == count }
         #expect(got.value == (0..<UInt32(count)).map { $0 })
         #expect(offQueue.value == 0)
         port.invalidate()
-        try waitUntil("invalid") { !right.isValid }
+        try waitPatiently("invalid") { !right.isValid }
     }
 
     static let queueKey = DispatchSpecificKey<String>()
@@ -102,7 +101,7 @@ func withDeadline<R: Sendable>(
         try await withDeadline(.seconds(30), "async replies") {
             for right in rights {
                 for id in UInt32(1)...10 {
-                    let reply = try await right.request(PKPortMessage(msgid: id, data: [1, 2, UInt8(id)]), sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+                    let reply = try await right.request(PKPortMessage(msgid: id, data: [1, 2, UInt8(id)]), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
                     #expect(reply.msgid == id * 2)
                     #expect(reply.data == [UInt8(id), 2, 1])
                 }
@@ -120,7 +119,7 @@ func withDeadline<R: Sendable>(
         let replies = try await withDeadline(.seconds(30), "concurrent replies") {
             try await withThrowingTaskGroup(of: UInt32.self) { group in
                 for id in UInt32(0)..<16 {
-                    group.addTask { try await right.request(PKPortMessage(msgid: id), sendTimeout: .seconds(5), receiveTimeout: .seconds(10)).msgid }
+                    group.addTask { try await right.request(PKPortMessage(msgid: id), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10))).msgid }
                 }
                 var all: [UInt32] = []
                 for try await id in group { all.append(id) }
@@ -172,7 +171,7 @@ func withDeadline<R: Sendable>(
             var codes: [PKError.Code?] = []
             for right in [deadRight, dyingRight, silentRight] {
                 do {
-                    _ = try await right.request(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .seconds(20))
+                    _ = try await right.request(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(20)))
                     codes.append(nil)
                 } catch {
                     codes.append((error as? PKError)?.code)
@@ -182,7 +181,7 @@ func withDeadline<R: Sendable>(
         }
         #expect(codes == [PKError.Code.invalidPort, .portInvalidated, .portInvalidated])
         kept.value = []
-        try dying.join()
+        try dying.joinPatiently()
         try silent.stop()
     }
 }

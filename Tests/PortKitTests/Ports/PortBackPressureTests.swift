@@ -24,11 +24,11 @@ import Testing
             try? loop.add(port, forMode: .default)
             published.set(port)
             // Do not run the loop until told to.
-            try? waitUntil("go", timeout: .seconds(60)) { go.value }
+            try? waitPatiently("go", timeout: .seconds(60)) { go.value }
             let deadline = PKDeadline.after(.seconds(30))
             while port.isValid && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
         }
-        let port = try published.wait()
+        let port = try published.waitPatiently()
         let right = port.makeSendRight()
         var sent: UInt32 = 0
         var failure: PKError?
@@ -45,20 +45,20 @@ import Testing
         #expect(sent > 0)
         #expect(right.isValid, "a send that timed out before writing anything leaves the right valid")
         go.value = true
-        try waitUntil("every message that was sent") { received.value.count >= Int(sent) }
+        try waitPatiently("every message that was sent") { received.value.count >= Int(sent) }
         // The right still works once there is room, and nothing of the timed-out send arrives.
         try right.send(PKPortMessage(msgid: 0xF1_0000, data: bytes(1024, seed: 0)), timeout: .seconds(10))
-        try waitUntil("the message after the timeout") { received.value.count >= Int(sent) + 1 }
+        try waitPatiently("the message after the timeout") { received.value.count >= Int(sent) + 1 }
         #expect(received.value == Array(0..<sent) + [0xF1_0000])
         port.invalidate()
-        try receiver.join()
+        try receiver.joinPatiently()
     }
 
     /// A send that times out in the middle of a message (a message bigger than the socket
     /// buffer, to a receiver that does not read) invalidates that right; the receiver gets
     /// every message before it and never the partial one, and the port stays valid.
     @Test func aSendTimingOutMidMessageClosesOnlyThatConnection() throws {
-        try onLoopThread { loop in
+        try onPortLoopThread { loop in
             var got: [UInt32] = []
             var noSenders = 0
             let port = PKReceivePort { got.append($0.msgid) }
@@ -91,7 +91,7 @@ import Testing
     /// sent, in order.
     @Test(arguments: [false, true])
     func senderOnTheReceiversOwnThreadDoesNotDeadlock(withAnotherIdleSender: Bool) throws {
-        try onLoopThread(timeout: .seconds(60)) { loop in
+        try onPortLoopThread(timeout: .seconds(60)) { loop in
             var got: [UInt32] = []
             let port = PKReceivePort { got.append($0.msgid) }
             try loop.add(port, forMode: .default)
@@ -125,7 +125,7 @@ import Testing
     /// sending): draining for the same-thread sender must not trip over that end of stream,
     /// and the other sender's messages still arrive.
     @Test func senderOnTheReceiversOwnThreadWithAnotherSenderThatLeft() throws {
-        try onLoopThread(timeout: .seconds(60)) { loop in
+        try onPortLoopThread(timeout: .seconds(60)) { loop in
             var got: [UInt32] = []
             var noSenders = 0
             let port = PKReceivePort { got.append($0.msgid) }
@@ -136,7 +136,7 @@ import Testing
                 for id in UInt32(0)..<5 { try? other.send(PKPortMessage(msgid: 0x8000_0000 + id), timeout: .seconds(5)) }
                 other.invalidate()
             }
-            try otherThread.join()
+            try otherThread.joinPatiently()
             let right = port.makeSendRight()
             var sent: UInt32 = 0
             while sent < 200_000 {
@@ -156,7 +156,7 @@ import Testing
     /// A port's own queue limit (`PKPortLimits.maxQueuedMessages`) is the one enforced: with a
     /// limit of 5, a same-thread sender is refused long before the default 1000 messages.
     @Test func aPortsConfiguredQueueLimitIsEnforced() throws {
-        try onLoopThread(timeout: .seconds(60)) { loop in
+        try onPortLoopThread(timeout: .seconds(60)) { loop in
             var limits = PKPortLimits()
             limits.maxQueuedMessages = 5
             var got: [UInt32] = []

@@ -52,7 +52,7 @@ import Testing
     static func eightSenders(sharingOneRight: Bool) throws {
         let total = threadCount * perThread
         let sendFailures = Locked<[String]>([])
-        try onLoopThread(timeout: .seconds(300)) { loop in
+        try onPortLoopThread(timeout: .seconds(300)) { loop in
             var next = [Int](repeating: 0, count: threadCount)
             var received = 0
             var problems: [String] = []
@@ -69,7 +69,7 @@ import Testing
                 TestThread(name: "sender-\(index)") {
                     for seq in 0..<perThread {
                         do {
-                            try right.send(PKPortMessage(msgid: UInt32(seq), data: payload(thread: index, seq: seq)), timeout: .seconds(60))
+                            try right.send(PKPortMessage(msgid: UInt32(seq), data: payload(thread: index, seq: seq)), timeout: patience(.seconds(60)))
                         } catch {
                             sendFailures.withLock { $0.append("sender \(index) at \(seq): \(error)") }
                             return
@@ -80,7 +80,7 @@ import Testing
             try runLoop(loop, timeout: .seconds(240), "\(total) messages") {
                 received >= total || !sendFailures.value.isEmpty
             }
-            for sender in senders { try sender.join(timeout: .seconds(60)) }
+            for sender in senders { try sender.joinPatiently(timeout: .seconds(60)) }
             runLoop(loop, for: .milliseconds(20))  // nothing more arrives
             #expect(sendFailures.value.isEmpty, "\(sendFailures.value)")
             #expect(problems.isEmpty, "\(problems)")
@@ -118,7 +118,7 @@ import Testing
                 try? toP.send(PKPortMessage(msgid: 2001), timeout: .seconds(5))
             }
         }
-        try onLoopThread { loop in
+        try onPortLoopThread { loop in
             var got: [UInt32] = []
             let p = PKReceivePort { got.append($0.msgid) }
             try loop.add(p, forMode: .default)
@@ -140,7 +140,7 @@ import Testing
     /// When every right that travelled in messages is released, the port learns that it has no
     /// senders left: forwarding leaks no connection.
     @Test func forwardedRightsReleasedLeaveThePortWithoutSenders() throws {
-        try onLoopThread { loop in
+        try onPortLoopThread { loop in
             var noSenders = 0
             var got: [UInt32] = []
             let p = PKReceivePort { got.append($0.msgid) }
@@ -177,7 +177,7 @@ import Testing
                 try? reply.send(PKPortMessage(msgid: message.msgid + 1, data: message.data + [UInt8(truncatingIfNeeded: message.msgid)], replyPort: port.makeSendRight()), timeout: .seconds(5))
             }
         }
-        try onLoopThread { loop in
+        try onPortLoopThread { loop in
             var last: PKPortMessage?
             var rounds = 0
             let me = PKReceivePort()
@@ -205,7 +205,7 @@ import Testing
                 try? message.replyPort?.send(PKPortMessage(msgid: message.msgid, data: [7]), timeout: .seconds(5))
             }
         }
-        try onLoopThread { loop in
+        try onPortLoopThread { loop in
             var answers: [UInt32] = []
             let target = PKReceivePort { answers.append($0.msgid) }
             try loop.add(target, forMode: .default)

@@ -41,7 +41,7 @@ import Testing
                 }
                 outcome.value = after == before ? "ok" : "descriptors before \(before), after \(after)"
             }
-            do { try thread.join(timeout: .seconds(120)) } catch { exit(2) }
+            do { try thread.joinPatiently(timeout: .seconds(120)) } catch { exit(2) }
             print(outcome.value ?? "no outcome")
             exit(outcome.value == "ok" ? 0 : 1)
         }
@@ -78,7 +78,7 @@ import Testing
             }
             port.invalidate()
         }
-        let (port, descriptor) = try published.wait().value
+        let (port, descriptor) = try published.waitPatiently().value
         let poller = TestThread(name: "poller") {
             let deadline = PKDeadline.after(.seconds(30))
             while !finished.value && !deadline.hasPassed {
@@ -92,11 +92,11 @@ import Testing
         let right = port.makeSendRight()
         for id in UInt32(0)..<UInt32(count) {
             try right.send(PKPortMessage(msgid: id), timeout: .seconds(5))
-            try waitUntil("message \(id) through the hosted loop") { got.value.count == Int(id) + 1 }
+            try waitPatiently("message \(id) through the hosted loop") { got.value.count == Int(id) + 1 }
         }
         finished.value = true
-        try poller.join()
-        try owner.join()
+        try poller.joinPatiently()
+        try owner.joinPatiently()
         #expect(got.value == (0..<UInt32(count)).map { $0 })
         #expect(passes.value >= count)
         #expect(!right.isValid)

@@ -20,7 +20,7 @@ import Testing
     /// no handler runs afterwards; local and independent rights become invalid and a send
     /// through them fails with `.invalidPort`.
     @Test func explicitInvalidationOnTheOwningThread() throws {
-        try onLoopThread { loop in
+        try onPortLoopThread { loop in
             let log = Log()
             let owner = currentThreadID
             let port = PKReceivePort()
@@ -38,7 +38,7 @@ import Testing
             #expect(log.value == ["message 1", "message 2", "invalidated"])
             #expect(!port.isValid)
             #expect(!local.isValid)
-            try waitUntil("the independent right to become invalid") { !independent.isValid }
+            try waitPatiently("the independent right to become invalid") { !independent.isValid }
             for right in [local, independent] {
                 #expect { try right.send(PKPortMessage(msgid: 9), timeout: .seconds(1)) } throws: {
                     ($0 as? PKError)?.code == .invalidPort
@@ -62,12 +62,12 @@ import Testing
         let right = server.right
         let independent = try independentRight(to: server.port)
         for id in UInt32(1)...50 { try right.send(PKPortMessage(msgid: id), timeout: .seconds(5)) }
-        try waitUntil("some messages") { log.value.count >= 10 }
+        try waitPatiently("some messages") { log.value.count >= 10 }
         try server.stop()
         #expect(log.count("invalidated") == 1)
         #expect(log.value.last == "invalidated")
         #expect(!right.isValid)
-        try waitUntil("the independent right to become invalid") { !independent.isValid }
+        try waitPatiently("the independent right to become invalid") { !independent.isValid }
         #expect { try independent.send(PKPortMessage(msgid: 9), timeout: .seconds(1)) } throws: {
             ($0 as? PKError)?.code == .invalidPort
         }
@@ -93,15 +93,15 @@ import Testing
             while !release.value && !deadline.hasPassed { loop.run(in: .default, until: .after(.milliseconds(5))) }
             // The thread ends without invalidating the port.
         }
-        let both = try rights.wait()
+        let both = try rights.waitPatiently()
         try #require(both.count == 2)
         for right in both { try right.send(PKPortMessage(msgid: 1), timeout: .seconds(5)) }
-        try waitUntil("both messages") { log.value.count == 2 }
+        try waitPatiently("both messages") { log.value.count == 2 }
         release.value = true
-        try thread.join()
-        try waitUntil("invalidation") { log.value.contains("invalidated") || log.value.contains("invalidated elsewhere") }
+        try thread.joinPatiently()
+        try waitPatiently("invalidation") { log.value.contains("invalidated") || log.value.contains("invalidated elsewhere") }
         #expect(log.value == ["message 1", "message 1", "invalidated"])
-        try waitUntil("the rights to become invalid") { both.allSatisfy { !$0.isValid } }
+        try waitPatiently("the rights to become invalid") { both.allSatisfy { !$0.isValid } }
         for right in both {
             #expect { try right.send(PKPortMessage(msgid: 2), timeout: .seconds(1)) } throws: {
                 ($0 as? PKError)?.code == .invalidPort
@@ -126,17 +126,17 @@ import Testing
             if let right = try? independentRight(to: port) { independentRightLatch.set(right) }
             loop.runOnePass()
             published.set(port)
-            try? waitUntil("invalidate", timeout: .seconds(20)) { invalidated.value }
+            try? waitPatiently("invalidate", timeout: .seconds(20)) { invalidated.value }
             // The thread ends without running its loop again.
         }
-        let port = try published.wait()
-        let right = try independentRightLatch.wait()
+        let port = try published.waitPatiently()
+        let right = try independentRightLatch.waitPatiently()
         port.invalidate()
         invalidated.value = true
-        try thread.join()
-        try waitUntil("invalidation to be delivered") { !log.value.isEmpty }
+        try thread.joinPatiently()
+        try waitPatiently("invalidation to be delivered") { !log.value.isEmpty }
         #expect(log.value == ["invalidated"])
-        try waitUntil("the right to become invalid") { !right.isValid }
+        try waitPatiently("the right to become invalid") { !right.isValid }
     }
 
     // MARK: - Senders leaving
@@ -145,7 +145,7 @@ import Testing
     /// then `onNoSenders`, once, on the owning loop; the port stays valid and
     /// `onInvalidation` does not run.
     @Test func sendRightInvalidatedAfterSending() throws {
-        try onLoopThread { loop in
+        try onPortLoopThread { loop in
             let log = Log()
             let owner = currentThreadID
             let port = PKReceivePort { log.add("message \($0.msgid)") }
@@ -158,7 +158,7 @@ import Testing
                 for id in UInt32(1)...200 { try? right.send(PKPortMessage(msgid: id, data: bytes(100)), timeout: .seconds(5)) }
                 right.invalidate()
             }
-            try sender.join()
+            try sender.joinPatiently()
             #expect(!right.isValid)
             #expect { try right.send(PKPortMessage(msgid: 999), timeout: .seconds(1)) } throws: {
                 ($0 as? PKError)?.code == .invalidPort
@@ -175,7 +175,7 @@ import Testing
     /// A raw sender closes its connection cleanly after its frames (the end of a sender's
     /// life, or its process dying): every frame is delivered, then `onNoSenders`.
     @Test func peerClosingAfterItsFrames() throws {
-        try onLoopThread { loop in
+        try onPortLoopThread { loop in
             let log = Log()
             let port = PKReceivePort { log.add("message \($0.msgid)") }
             port.onNoSenders = { log.add("no senders") }
@@ -196,7 +196,7 @@ import Testing
     /// becomes invalid, its watch fires once, a send fails with `.invalidPort`, and the port
     /// learns it has no senders, after the messages that came before the break.
     @Test func connectionBroken() throws {
-        try onLoopThread { loop in
+        try onPortLoopThread { loop in
             let log = Log()
             let port = PKReceivePort { log.add("message \($0.msgid)") }
             port.onNoSenders = { log.add("no senders") }
@@ -231,7 +231,7 @@ import Testing
         let local = server.right
         let independent = try independentRight(to: server.port)
         let fired = Locked<[String]>([])
-        try onLoopThread { loop in
+        try onPortLoopThread { loop in
             let owner = currentThreadID
             func note(_ name: String) -> () -> Void { { fired.withLock { $0.append(currentThreadID == owner ? name : name + " elsewhere") } } }
             let w1 = try local.watchInvalidation(on: loop, note("local"))
@@ -255,8 +255,8 @@ import Testing
         let local = server.right
         let independent = try independentRight(to: server.port)
         try server.stop()
-        try waitUntil("invalid") { !independent.isValid }
-        try onLoopThread { loop in
+        try waitPatiently("invalid") { !independent.isValid }
+        try onPortLoopThread { loop in
             var fired: [String] = []
             try local.watchInvalidation(on: loop) { fired.append("local") }
             try independent.watchInvalidation(on: loop) { fired.append("independent") }
@@ -268,7 +268,7 @@ import Testing
 
     /// Invalidating a send right (not the port) fires that right's watch once.
     @Test func watchFiresWhenTheRightItselfIsInvalidated() throws {
-        try onLoopThread { loop in
+        try onPortLoopThread { loop in
             let port = PKReceivePort()
             try loop.add(port, forMode: .default)
             let right = try rightsByMessage(to: port, count: 1, on: loop)[0]

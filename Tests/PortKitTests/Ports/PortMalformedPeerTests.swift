@@ -49,7 +49,7 @@ import Testing
 
     @Test(arguments: Garbage.allCases)
     func aMalformedPeerLosesOnlyItsOwnConnection(_ garbage: Garbage) throws {
-        try onLoopThread { loop in
+        try onPortLoopThread { loop in
             var got: [UInt32] = []
             var invalidated = 0
             let port = PKReceivePort { got.append($0.msgid) }
@@ -88,7 +88,7 @@ import Testing
     /// Frames that arrived before the error on the same connection, even in the same read,
     /// are delivered first, in order; then the connection is closed.
     @Test func framesBeforeTheErrorAreDeliveredFirst() throws {
-        try onLoopThread { loop in
+        try onPortLoopThread { loop in
             var got: [UInt32] = []
             var noSenders = 0
             let port = PKReceivePort { got.append($0.msgid) }
@@ -111,7 +111,7 @@ import Testing
     /// Descriptors a bad frame brought are closed with its connection (no leak): a right sent
     /// in a frame that then breaks the protocol is released, and its port sees no senders.
     @Test func descriptorsOfABrokenConnectionAreClosed() throws {
-        try onLoopThread { loop in
+        try onPortLoopThread { loop in
             var noSendersOnTarget = 0
             let target = PKReceivePort()
             target.onNoSenders = { noSendersOnTarget += 1 }

@@ -27,9 +27,9 @@ import Testing
             port.handler = { try? $0.replyPort?.send(PKPortMessage(msgid: $0.msgid + 1, data: $0.data + [0]), timeout: .seconds(5)) }
         }
         let right = try Self.right(server, road)
-        try onLoopThread { _ in
+        try onPortLoopThread { _ in
             for id in UInt32(0)..<20 {
-                let reply = try right.sendRequest(PKPortMessage(msgid: id, data: [UInt8(id)]), sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+                let reply = try right.sendRequest(PKPortMessage(msgid: id, data: [UInt8(id)]), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
                 #expect(reply?.msgid == id + 1)
                 #expect(reply?.data == [UInt8(id), 0])
             }
@@ -49,12 +49,12 @@ import Testing
             let port = PKReceivePort()
             try? loop.add(port, forMode: .default)
             published.set(port)
-            try? waitUntil("release", timeout: .seconds(60)) { !hold.value }
+            try? waitPatiently("release", timeout: .seconds(60)) { !hold.value }
             port.invalidate()
         }
-        let port = try published.wait()
+        let port = try published.waitPatiently()
         let right = port.makeSendRight()
-        try onLoopThread { _ in
+        try onPortLoopThread { _ in
             // Fill the connection without waiting.
             var filled = false
             for _ in 0..<100_000 {
@@ -65,11 +65,11 @@ import Testing
                 }
             }
             try #require(filled)
-            let code = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 2), sendTimeout: .milliseconds(50), receiveTimeout: .seconds(10)) }
+            let code = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 2), sendTimeout: .milliseconds(50), receiveTimeout: patience(.seconds(10))) }
             #expect(code == .sendTimedOut)
         }
         hold.value = false
-        try server.join()
+        try server.joinPatiently()
     }
 
     /// `.receiveTimedOut`: the server keeps the reply port but never answers.
@@ -80,7 +80,7 @@ import Testing
             port.handler = { message in if let reply = message.replyPort { kept.withLock { $0.append(reply) } } }
         }
         let right = try Self.right(server, road)
-        try onLoopThread { _ in
+        try onPortLoopThread { _ in
             let code = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .milliseconds(200)) }
             #expect(code == .receiveTimedOut)
         }
@@ -95,8 +95,8 @@ import Testing
         let server = try PortServer { _, _ in }
         let right = try Self.right(server, road)
         try server.stop()
-        try waitUntil("the right to see its port gone") { !right.isValid }
-        try onLoopThread { _ in
+        try waitPatiently("the right to see its port gone") { !right.isValid }
+        try onPortLoopThread { _ in
             let code = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .seconds(5)) }
             #expect(code == .invalidPort)
         }
@@ -114,13 +114,13 @@ import Testing
             }
         }
         let right = try Self.right(server, road)
-        try onLoopThread { _ in
+        try onPortLoopThread { _ in
             let start = PKDeadline.now
             let code = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .seconds(15)) }
             #expect(code == .portInvalidated)
             #expect(PKDeadline.now - start < .seconds(15), "the wait ended before its deadline")
         }
-        try server.join()
+        try server.joinPatiently()
         kept.value = []
     }
 
@@ -131,7 +131,7 @@ import Testing
             port.handler = { _ in }  // the message, reply port included, is released unanswered
         }
         let right = try Self.right(server, road)
-        try onLoopThread { _ in
+        try onPortLoopThread { _ in
             let code = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .seconds(15)) }
             #expect(code == .portInvalidated)
         }
@@ -150,7 +150,7 @@ import Testing
                 try? message.replyPort?.send(PKPortMessage(msgid: 56), timeout: .seconds(5))
             }
         }
-        try onLoopThread { loop in
+        try onPortLoopThread { loop in
             var log: [String] = []
             let other = PKReceivePort { log.append("other \($0.msgid)") }
             try loop.add(other, forMode: .default)
@@ -159,7 +159,7 @@ import Testing
                 do {
                     let reply = try server.right.sendRequest(
                         PKPortMessage(msgid: 1, components: [.port(other.makeSendRight())]),
-                        sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+                        sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
                     log.append("reply \(reply?.msgid ?? 0)")
                 } catch {
                     log.append("error \(error)")
@@ -195,16 +195,16 @@ import Testing
             }
         }
         let right = try independentRight(to: server.port)
-        try onLoopThread { loop in
+        try onPortLoopThread { loop in
             var watched = 0
             let watch = try right.watchInvalidation(on: loop, forMode: .default) { watched += 1 }
             runLoop(loop, for: .milliseconds(10))  // the watch is now registered with the loop
-            let code = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .seconds(20)) }
+            let code = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(20))) }
             #expect(code == .portInvalidated)
             try runLoop(loop, "the watch") { watched == 1 }
             watch.cancel()
         }
-        try server.join()
+        try server.joinPatiently()
         kept.value = []
     }
 }

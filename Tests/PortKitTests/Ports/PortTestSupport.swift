@@ -6,6 +6,41 @@ import Glibc
 import Synchronization
 @testable import PortKit
 
+// MARK: - Patience
+
+/// Whether the process runs under ThreadSanitizer (its runtime is linked in), which slows
+/// everything by an order of magnitude or more.
+let runsUnderThreadSanitizer: Bool = dlsym(nil, "__tsan_init") != nil
+
+/// A deadline that only catches a hang, stretched under ThreadSanitizer. Never use it for a
+/// duration a test checks (a timeout under test, or "nothing happens for 20 ms").
+func patience(_ duration: Duration) -> Duration { runsUnderThreadSanitizer ? duration * 20 : duration }
+
+/// `waitUntil` with a hang-catching deadline stretched by `patience`.
+func waitPatiently(_ what: String, timeout: Duration = .seconds(10), _ condition: () -> Bool) throws {
+    try waitUntil(what, timeout: patience(timeout), condition)
+}
+
+extension TestThread {
+    /// `join` with a hang-catching deadline stretched by `patience`.
+    func joinPatiently(timeout: Duration = .seconds(20)) throws { try join(timeout: patience(timeout)) }
+}
+
+extension TestLatch {
+    /// `wait` with a hang-catching deadline stretched by `patience`.
+    func waitPatiently(timeout: Duration = .seconds(10), _ what: String = "latch") throws -> Value {
+        try wait(timeout: patience(timeout), what)
+    }
+}
+
+/// `onLoopThread` with a hang-catching deadline stretched by `patience`.
+@discardableResult
+func onPortLoopThread<R: Sendable>(
+    timeout: Duration = .seconds(30), _ body: @escaping @Sendable (PKRunLoop) throws -> R
+) throws -> R {
+    try onLoopThread(timeout: patience(timeout), body)
+}
+
 // MARK: - Running loops with deadlines
 
 /// Runs `loop` in `mode`, one handled source at a time, until `condition` holds; throws when
@@ -14,7 +49,7 @@ func runLoop(
     _ loop: PKRunLoop, in mode: PKRunLoopMode = .default, timeout: Duration = .seconds(20),
     _ what: String = "condition", until condition: () -> Bool
 ) throws {
-    let deadline = PKDeadline.after(timeout)
+    let deadline = PKDeadline.after(patience(timeout))
     while !condition() {
         if deadline.hasPassed { throw TestTimeout(what: what) }
         loop.run(in: mode, until: deadline, returnAfterSourceHandled: true)
@@ -68,7 +103,7 @@ final class PortServer: @unchecked Sendable {
     private let thread: TestThread
 
     init(
-        name: String = "port-server", lifetime: Duration = .seconds(60),
+        name: String = "port-server", lifetime: Duration = .seconds(120),
         _ configure: @escaping (PKReceivePort, PKRunLoop) -> Void
     ) throws {
         let ready = TestLatch<UncheckedBox<(PKReceivePort, PKRunLoop)>>()
@@ -79,13 +114,13 @@ final class PortServer: @unchecked Sendable {
             setUp.value(port, loop)
             guard (try? loop.add(port, forMode: .default)) != nil else { return }
             ready.set(UncheckedBox((port, loop)))
-            let deadline = PKDeadline.after(lifetime)
+            let deadline = PKDeadline.after(patience(lifetime))
             while port.isValid && !deadline.hasPassed {
                 loop.run(in: .default, until: deadline, returnAfterSourceHandled: true)
             }
             port.invalidate()
         }
-        let (port, loop) = try ready.wait(timeout: .seconds(10), "server \(name) ready").value
+        let (port, loop) = try ready.waitPatiently(timeout: .seconds(10), "server \(name) ready").value
         self.port = port
         self.loop = loop
         self.right = port.makeSendRight()
@@ -94,11 +129,11 @@ final class PortServer: @unchecked Sendable {
     /// Invalidates the server's port (from this thread) and waits for the thread to end.
     func stop() throws {
         port.invalidate()
-        try thread.join(timeout: .seconds(20))
+        try thread.joinPatiently(timeout: .seconds(20))
     }
 
     /// Waits for the server's thread to end on its own.
-    func join() throws { try thread.join(timeout: .seconds(20)) }
+    func joinPatiently() throws { try thread.joinPatiently(timeout: .seconds(20)) }
 }
 
 // MARK: - Raw peers
@@ -188,6 +223,6 @@ final class RawPeer: @unchecked Sendable {
 
     /// Waits until the port has closed its end; then a write fails with EPIPE, not SIGPIPE.
     func waitUntilClosedByPort(timeout: Duration = .seconds(10)) throws {
-        try waitUntil("the port to close the raw connection", timeout: timeout) { self.peerClosed }
+        try waitPatiently("the port to close the raw connection", timeout: timeout) { self.peerClosed }
     }
 }

@@ -1,0 +1,99 @@
+// Every measured row: a workload, an implementation (PortKit or a baseline), a placement, and
+// how many operations one sample performs. The benchmarks and `pkbench` both read this list, so
+// names match between a run and the report.
+
+import Glibc
+import PortKit
+
+public struct WorkloadSpec: Sendable {
+    /// The workload, e.g. "rt.threads" (see `report.py` for what each compares with).
+    public let workload: String
+    /// "portkit" or the baseline's name.
+    public let impl: String
+    public let placement: Placement
+    /// Operations per sample (round trips, messages, spawns, lookups).
+    public let batch: Int
+    public let make: @Sendable () throws -> Workload
+
+    /// The benchmark's name: `workload|impl|placement` (no commas: the report reads CSV).
+    public var name: String { "\(workload)|\(impl)|\(placement.rawValue)" }
+}
+
+/// Whether to run the short mode (CI): smaller batches, few samples.
+public var isShortMode: Bool {
+    if let value = getenv("PKBENCH_SHORT") { return String(cString: value) == "1" }
+    return false
+}
+
+/// A regular expression (POSIX extended) a spec's name must match to run; `PKBENCH_FILTER`.
+public var workloadFilter: String? {
+    guard let value = getenv("PKBENCH_FILTER"), value.pointee != 0 else { return nil }
+    return String(cString: value)
+}
+
+private func matches(_ name: String, _ pattern: String?) -> Bool {
+    guard let pattern else { return true }
+    var regex = regex_t()
+    guard regcomp(&regex, pattern, REG_EXTENDED | REG_NOSUB) == 0 else { return true }
+    defer { regfree(&regex) }
+    return regexec(&regex, name, 0, nil, 0) == 0
+}
+
+/// The whole suite, in run order (each PortKit row next to its baselines).
+public func catalogue(short: Bool = isShortMode) -> [WorkloadSpec] {
+    let rt = short ? 100 : 1000
+    let stream = short ? 1000 : 10_000
+    let spawn = short ? 10 : 100
+    let lookup = short ? 10 : 50
+    let manyNames = 10_000
+    var specs: [WorkloadSpec] = []
+    func add(_ workload: String, _ impl: String, _ placement: Placement, _ batch: Int, _ make: @escaping @Sendable () throws -> Workload) {
+        specs.append(WorkloadSpec(workload: workload, impl: impl, placement: placement, batch: batch, make: make))
+    }
+    for p in Placement.measured {
+        // Round trip of 64-byte messages, thread to thread.
+        add("rt.threads", "portkit", p, rt) { try PortKitPair(.thread, .roundTrip, p) }
+        add("rt.threads", "socketpair", p, rt) { try CSocketpairRoundTrip(p) }
+        #if ZeroMQ
+        add("rt.threads", "zmq-inproc", p, rt) { try ZMQRoundTrip(.inproc, p) }
+        #endif
+        // The same with 1,000 idle ports on each loop.
+        add("rt.threads.idle1000", "portkit", p, rt) { try PortKitPair(.thread, .roundTrip, p, idlePorts: 1000) }
+        // Request/reply (sendRequest), thread to thread.
+        add("request.threads", "portkit", p, rt) { try PortKitPair(.thread, .request, p) }
+
+        // Round trip, process to process.
+        add("rt.processes", "portkit", p, rt) { try PortKitPair(.process, .roundTrip, p) }
+        add("rt.processes", "unix-socket", p, rt) { try CUnixSocketRoundTrip(p) }
+        #if ZeroMQ
+        add("rt.processes", "zmq-ipc", p, rt) { try ZMQRoundTrip(.ipc, p) }
+        add("rt.processes", "zmq-tcp", p, rt) { try ZMQRoundTrip(.tcp, p) }
+        #endif
+        add("request.processes", "portkit", p, rt) { try PortKitPair(.process, .request, p) }
+
+        // One-way streams.
+        for size in [64, 1024] {
+            let tag = size == 64 ? "64" : "1k"
+            add("stream\(tag).threads", "portkit", p, stream) { try PortKitPair(.thread, .stream, p, size: size) }
+            add("stream\(tag).threads", "socketpair", p, stream) { try CSocketpairStream(p, size: size) }
+            #if ZeroMQ
+            add("stream\(tag).threads", "zmq-inproc", p, stream) { try ZMQStream(.inproc, p, size: size) }
+            #endif
+            add("stream\(tag).processes", "portkit", p, stream) { try PortKitPair(.process, .stream, p, size: size) }
+            add("stream\(tag).processes", "unix-socket", p, stream) { try CUnixSocketStream(p, size: size) }
+            #if ZeroMQ
+            add("stream\(tag).processes", "zmq-ipc-pushpull", p, stream) { try ZMQStream(.ipc, p, size: size) }
+            #endif
+        }
+
+        // Thread spawn until its check-in arrives.
+        add("spawn", "portkit", p, spawn) { try PortKitSpawn(p) }
+        add("spawn", "pthread+byte", p, spawn) { try CThreadSpawn(p) }
+
+        // Name lookup: 10,000 names registered against one.
+        add("lookup", "portkit-10000", p, lookup) { try PortKitNameLookup(p, names: manyNames) }
+        add("lookup", "portkit-1", p, lookup) { try PortKitNameLookup(p, names: 1) }
+    }
+    let filter = workloadFilter
+    return specs.filter { matches($0.name, filter) }
+}

@@ -1,0 +1,181 @@
+// Name lookup with many names registered, and user-space memory per idle port.
+
+import CBench
+import Dispatch
+import Glibc
+import PortKit
+
+/// `lookUp` of a registered name (and dropping the right), with `count` names registered in the
+/// directory by helper processes (at most 5,000 each: a name holds two descriptors and the
+/// descriptor limit here is 20,000). The owners run on the second CPU of `placement`.
+public final class PortKitNameLookup: Workload {
+    private let driver: PinnedDriver
+    private let owners: [Int32]
+    private let directory: String
+
+    public static let namesPerOwner = 5_000
+
+    public init(_ placement: Placement, names count: Int) throws {
+        let directory = try makeScratchDirectory("pkbench-names")
+        self.directory = directory
+        var owners: [Int32] = []
+        var start = 0
+        var index = 0
+        while start < count {
+            let chunk = min(Self.namesPerOwner, count - start)
+            var argv: [UnsafeMutablePointer<CChar>?] = [helperExecutable, "names", directory, "\(start)", "\(chunk)", "\(index)", "\(placement.cpus.second)"].map { (text: String) in strdup(text) }
+            argv.append(nil)
+            let pid = cb_spawn_process(helperExecutable, argv)
+            for pointer in argv { free(pointer) }
+            guard pid > 0 else { throw BenchError("could not spawn a name owner") }
+            owners.append(pid)
+            start += chunk
+            index += 1
+        }
+        self.owners = owners
+        let server = PKNameServer(directory: directory)
+        do {
+            // Each owner registers "ready-K" after its names.
+            for k in 0..<owners.count { _ = try server.lookUp("ready-\(k)", timeout: .seconds(300)) }
+        } catch {
+            for pid in owners { kill(pid, SIGKILL); _ = cb_reap(pid, 5000) }
+            removeScratchDirectory(directory)
+            throw BenchError("the name owners did not get ready: \(error)")
+        }
+        let names = (0..<count).map { "n\($0)" }
+        do {
+            driver = try PinnedDriver(cpu: placement.cpus.first) {
+                var next = 0
+                return DriverBody(work: { n in
+                    var total: UInt64 = 0
+                    for _ in 0..<n {
+                        next = (next + 7919) % names.count
+                        let name = names[next]
+                        var attempts = 0
+                        while true {
+                            let start = nowNanoseconds()
+                            let found = try lookUpOnce(server, name)
+                            total += nowNanoseconds() - start
+                            if found { break }
+                            // The owner's backlog is full: let it accept, and try again (the
+                            // failed attempt's time counts).
+                            attempts += 1
+                            if attempts > 1000 { throw BenchError("\(name) stays unreachable") }
+                            usleep(100)
+                        }
+                    }
+                    return total
+                })
+            }
+        } catch {
+            for pid in owners { kill(pid, SIGKILL); _ = cb_reap(pid, 5000) }
+            removeScratchDirectory(directory)
+            throw error
+        }
+    }
+
+    public func run(_ n: Int) throws -> UInt64 { try driver.run(n) }
+
+    public func close() {
+        driver.close()
+        for pid in owners { kill(pid, SIGTERM) }
+        for pid in owners { _ = cb_reap(pid, 10_000) }
+        removeScratchDirectory(directory)
+    }
+}
+
+/// Looks `name` up and drops the right; false if it is not (yet) reachable.
+private func lookUpOnce(_ server: PKNameServer, _ name: String) throws(PKError) -> Bool {
+    do {
+        let right = try server.lookUp(name)
+        right.invalidate()
+        return true
+    } catch {
+        if error.code == .nameNotFound { return false }
+        throw error
+    }
+}
+
+/// `pkbench names DIR START COUNT INDEX CPU`: registers names nSTART..., one port each, then
+/// "ready-INDEX"; serves until killed.
+public func serveNames(directory: String, start: Int, count: Int, index: Int, cpu: Int32) throws -> Never {
+    _ = cb_raise_fd_limit()
+    if cpu >= 0 { cb_pin_self(cpu) }
+    let server = PKNameServer(directory: directory)
+    let loop = PKRunLoop.current
+    var ports: [PKReceivePort] = []
+    ports.reserveCapacity(count + 1)
+    for i in start..<(start + count) {
+        let port = PKReceivePort()
+        try loop.add(port, forMode: .default)
+        try server.register(port, name: "n\(i)")
+        ports.append(port)
+    }
+    let ready = PKReceivePort()
+    try loop.add(ready, forMode: .default)
+    try server.register(ready, name: "ready-\(index)")
+    ports.append(ready)
+    while true { loop.run(in: .default, until: .distantFuture) }
+}
+
+/// User-space memory (malloc's bytes in use) per idle port, measured on a fresh thread.
+public struct PortMemory: Sendable {
+    /// A port scheduled on a loop, no sender yet.
+    public var bareBytes: Double
+    /// A port scheduled on a loop with one connected sender (its send right and the receiving
+    /// side's connection, decoder and source).
+    public var connectedBytes: Double
+    /// Kernel descriptors per connected port (not user-space memory: a socketpair).
+    public var descriptorsPerConnected: Int
+}
+
+public func measurePortMemory(count: Int = 1000) throws -> PortMemory {
+    final class Result: @unchecked Sendable { var value: Result2? }
+    struct Result2 { var bare: Double; var connected: Double; var fds: Int; var error: String? }
+    let result = Result()
+    let thread = try startThread {
+        do {
+            let loop = PKRunLoop.current
+            // Warm up: the loop, the adopter paths, the allocator's pools.
+            for port in try makeIdlePorts(64, on: loop) { port.invalidate() }
+            _ = loop.run(in: .default, until: .after(.milliseconds(10)))
+
+            var before = cb_malloc_in_use()
+            var bare: [PKReceivePort] = []
+            bare.reserveCapacity(count)
+            for _ in 0..<count {
+                let port = PKReceivePort()
+                try loop.add(port, forMode: .default)
+                bare.append(port)
+            }
+            let bareBytes = Double(cb_malloc_in_use() - before) / Double(count)
+            for port in bare { port.invalidate() }
+            bare = []
+            _ = loop.run(in: .default, until: .after(.milliseconds(10)))
+
+            let fdsBefore = countOpenDescriptors()
+            before = cb_malloc_in_use()
+            var connected = try makeIdlePorts(count, on: loop)
+            // The send rights made by makeSendRight() live as long as their ports.
+            let connectedBytes = Double(cb_malloc_in_use() - before) / Double(count)
+            let fds = (countOpenDescriptors() - fdsBefore) / count
+            for port in connected { port.invalidate() }
+            connected = []
+            result.value = Result2(bare: bareBytes, connected: connectedBytes, fds: fds, error: nil)
+        } catch {
+            result.value = Result2(bare: 0, connected: 0, fds: 0, error: "\(error)")
+        }
+    }
+    pthread_join(thread, nil)
+    guard let value = result.value, value.error == nil else { throw BenchError(result.value?.error ?? "no result") }
+    return PortMemory(bareBytes: value.bare, connectedBytes: value.connected, descriptorsPerConnected: value.fds)
+}
+
+/// The number of entries of /proc/self/fd.
+public func countOpenDescriptors() -> Int {
+    guard let dir = opendir("/proc/self/fd") else { return 0 }
+    defer { closedir(dir) }
+    var count = 0
+    while readdir(dir) != nil { count += 1 }
+    return count
+}

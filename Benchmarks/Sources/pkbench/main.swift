@@ -1,0 +1,138 @@
+// pkbench: the benchmark suite's helper executable.
+//
+// Peer processes (spawned with posix_spawn by the workloads, never forked):
+//   pkbench c-echo PATH CPU SIZE              raw Unix-socket echo (C)
+//   pkbench c-sink PATH CPU SIZE              raw Unix-socket stream receiver (C)
+//   pkbench zmq-echo ENDPOINT CPU SIZE        libzmq PAIR echo (ZeroMQ trait)
+//   pkbench zmq-sink ENDPOINT ACK CPU SIZE    libzmq PULL receiver (ZeroMQ trait)
+//   pkbench pk-worker ROLE CPU IDLE           a PKWorkerProcess (echo | sink)
+//   pkbench pk-named DIR ROLE CPU IDLE        a worker found by name (for callgrind runs)
+//   pkbench names DIR START COUNT INDEX CPU   registers COUNT names, then "ready-INDEX"
+// Measurements that do not fit the benchmark harness:
+//   pkbench rt KIND N                         N round trips after 200 warm-up ones, for
+//                                             callgrind (KIND: portkit-threads, c-threads,
+//                                             portkit-processes, c-processes)
+//   pkbench memory                            user-space bytes per idle port (JSON)
+//   pkbench foundation rt|stream PLACEMENT    Foundation SocketPort + RunLoop (JSON); may crash
+//   pkbench list                              the catalogue's row names (honours PKBENCH_FILTER)
+// Quick runs without the harness (median of a few samples per row; for iterating on the core):
+//   pkbench quick [REGEX] [--samples N]       every catalogue row whose name matches
+
+import BenchKit
+import CBench
+import Glibc
+import PortKit
+
+func fail(_ message: String) -> Never {
+    let bytes = Array("pkbench: \(message)\n".utf8)
+    _ = bytes.withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
+    exit(2)
+}
+
+func say(_ line: String) {
+    let bytes = Array((line + "\n").utf8)
+    _ = bytes.withUnsafeBytes { write(1, $0.baseAddress, $0.count) }
+}
+
+let arguments = Array(CommandLine.arguments.dropFirst())
+func argument(_ i: Int) -> String {
+    guard i < arguments.count else { fail("missing argument \(i + 1) for \(arguments.first ?? "?")") }
+    return arguments[i]
+}
+func int(_ i: Int) -> Int {
+    guard let value = Int(argument(i)) else { fail("not a number: \(argument(i))") }
+    return value
+}
+
+if PKWorkerProcess.isLaunchedWorker {
+    // pk-worker ROLE CPU IDLE
+    guard arguments.count == 4, arguments[0] == "pk-worker", let role = WorkerRole(rawValue: arguments[1]) else {
+        fail("usage: pk-worker echo|sink CPU IDLE")
+    }
+    do { try servePortKitWorker(role: role, cpu: Int32(int(2)), idlePorts: int(3)) } catch { fail("pk-worker: \(error)") }
+    exit(0)
+}
+
+switch arguments.first {
+case "c-echo":
+    exit(cb_un_echo_serve(argument(1), Int32(int(2)), int(3)))
+case "c-sink":
+    exit(cb_un_sink_serve(argument(1), Int32(int(2)), int(3)))
+#if ZeroMQ
+case "zmq-echo":
+    exit(serveZMQEcho(endpoint: argument(1), cpu: Int32(int(2)), size: int(3)))
+case "zmq-sink":
+    exit(serveZMQSink(endpoint: argument(1), ack: argument(2), cpu: Int32(int(3)), size: int(4)))
+#endif
+case "pk-named":
+    guard let role = WorkerRole(rawValue: argument(2)) else { fail("usage: pk-named DIR echo|sink CPU IDLE") }
+    do { try serveNamedWorker(directory: argument(1), role: role, cpu: Int32(int(3)), idlePorts: int(4)) } catch {
+        fail("pk-named: \(error)")
+    }
+case "names":
+    do { try serveNames(directory: argument(1), start: int(2), count: int(3), index: int(4), cpu: Int32(int(5))) } catch {
+        fail("names: \(error)")
+    }
+
+case "rt":
+    let n = int(2)
+    let workload: Workload
+    do {
+        switch argument(1) {
+        case "portkit-threads": workload = try PortKitPair(.thread, .roundTrip, .none)
+        case "c-threads": workload = try CSocketpairRoundTrip(.none)
+        case "portkit-processes": workload = try PortKitPair(.namedProcess, .roundTrip, .none)
+        case "c-processes": workload = try CUnixSocketRoundTrip(.none)
+        default: fail("rt: unknown kind \(argument(1))")
+        }
+        _ = try workload.run(200)
+        let ns = try workload.run(n)
+        workload.close()
+        say("{\"kind\": \"\(argument(1))\", \"n\": \(n), \"ns\": \(ns)}")
+    } catch { fail("rt: \(error)") }
+
+case "memory":
+    do {
+        let memory = try measurePortMemory(count: 1000)
+        say("{\"bare_bytes\": \(memory.bareBytes), \"connected_bytes\": \(memory.connectedBytes), \"descriptors_per_connected\": \(memory.descriptorsPerConnected)}")
+    } catch { fail("memory: \(error)") }
+
+case "foundation":
+    guard let placement = Placement(rawValue: argument(2)) else { fail("foundation: placement same|split|none") }
+    let stream = argument(1) == "stream"
+    do {
+        let ns = try foundationSocketPort(placement, stream: stream, batch: stream ? 1000 : 200, samples: isShortMode ? 3 : 15)
+        say("{\"workload\": \"\(argument(1))\", \"placement\": \"\(placement.rawValue)\", \"ns_per_op\": \(ns)}")
+        exit(0)  // the server thread runs forever
+    } catch { fail("foundation: \(error)") }
+
+case "list":
+    for spec in catalogue() { say(spec.name) }
+
+case "quick":
+    var samples = 9
+    var pattern: String?
+    var i = 1
+    while i < arguments.count {
+        if arguments[i] == "--samples" { samples = int(i + 1); i += 2 } else { pattern = arguments[i]; i += 1 }
+    }
+    if let pattern { setenv("PKBENCH_FILTER", pattern, 1) }
+    for spec in catalogue() {
+        do {
+            let workload = try spec.make()
+            _ = try workload.run(spec.batch)
+            var values: [Double] = []
+            for _ in 0..<samples { values.append(Double(try workload.run(spec.batch)) / Double(spec.batch)) }
+            workload.close()
+            values.sort()
+            let median = values[values.count / 2]
+            say("\(spec.name)\t\(Int(median.rounded())) ns/op\t(min \(Int(values[0].rounded())))")
+        } catch {
+            say("\(spec.name)\tFAILED: \(error)")
+        }
+    }
+
+default:
+    fail("unknown command \(arguments.first ?? "(none)"); see the comment at the top of pkbench/main.swift")
+}
+exit(0)

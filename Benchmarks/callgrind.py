@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""User-space instructions per round trip, PortKit against the raw C baselines, by callgrind.
+
+Runs `pkbench rt KIND N` and `pkbench rt KIND 2N` under valgrind (following child processes) and
+subtracts: start-up, set-up and warm-up cancel, what remains is N round trips, both sides
+(both threads, or both processes) counted. Instruction counts do not depend on the machine's
+load, so this is the figure to compare between runs.
+
+    callgrind.py PKBENCH OUTDIR [--short] [--n N]
+
+Writes OUTDIR/callgrind.json and, for PortKit's kinds, OUTDIR/callgrind-profile-KIND.txt: the
+per-function difference between the two runs divided by N (exclusive and inclusive), that is
+where PortKit's round trip spends its instructions.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+KINDS = ["portkit-threads", "c-threads", "portkit-processes", "c-processes"]
+LINE = re.compile(r"^\s*([\d,]+)\s+(?:\([^)]*\)\s+)?(\S.*)$")
+
+
+def run(binary, kind, n, workdir):
+    tag = f"{kind}-{n}"
+    out = os.path.join(workdir, tag + ".%p")
+    env = dict(os.environ, PKBENCH=binary, SWIFT_BACKTRACE="enable=no")
+    proc = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--trace-children=yes", f"--callgrind-out-file={out}", binary, "rt", kind, str(n)],
+        capture_output=True, text=True, env=env, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{kind} {n}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
+    files = [os.path.join(workdir, f) for f in os.listdir(workdir) if f.startswith(tag + ".")]
+    total = 0
+    for path in files:
+        with open(path, errors="replace") as f:
+            for line in f:
+                if line.startswith("totals:") or line.startswith("summary:"):
+                    total += int(line.split()[1])
+                    break
+    return total, files
+
+
+def functions(files, inclusive):
+    """Per-function Ir over `files` (merged by name), from callgrind_annotate."""
+    costs = {}
+    for path in files:
+        args = ["callgrind_annotate", "--threshold=100", f"--inclusive={'yes' if inclusive else 'no'}", path]
+        text = subprocess.run(args, capture_output=True, text=True).stdout
+        body = text.split("file:function", 1)[-1]
+        for line in body.splitlines():
+            m = LINE.match(line)
+            if not m or "PROGRAM TOTALS" in line:
+                continue
+            name = m.group(2)
+            name = re.sub(r"^\S*?:", "", name, count=1) if name.startswith(("???:", "./", "/")) else name
+            costs[name] = costs.get(name, 0) + int(m.group(1).replace(",", ""))
+    return costs
+
+
+def demangle(names):
+    try:
+        out = subprocess.run(["swift", "demangle", "--simplified", "--compact"], input="\n".join(names),
+                             capture_output=True, text=True, timeout=60).stdout.splitlines()
+        if len(out) == len(names):
+            return out
+    except Exception:
+        pass
+    return names
+
+
+def profile(small, large, n, path, kind):
+    lines = [f"# {kind}: instructions per round trip by function ((2N run - N run) / N, N = {n})", ""]
+    for inclusive in (False, True):
+        a, b = functions(small, inclusive), functions(large, inclusive)
+        diff = {k: (b.get(k, 0) - a.get(k, 0)) / n for k in set(a) | set(b)}
+        top = sorted(((v, k) for k, v in diff.items() if v > 0.5), reverse=True)[:40]
+        names = demangle([k for _, k in top])
+        lines.append("## " + ("inclusive (the function and everything it calls)" if inclusive else "exclusive (the function's own instructions)"))
+        for (v, _), name in zip(top, names):
+            lines.append(f"{v:10.1f}  {name[:200]}")
+        lines.append("")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+def main():
+    binary, outdir = sys.argv[1], sys.argv[2]
+    short = "--short" in sys.argv
+    n = 300 if short else 2000
+    if "--n" in sys.argv:
+        n = int(sys.argv[sys.argv.index("--n") + 1])
+    if not shutil.which("valgrind"):
+        print("callgrind.py: valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
+        json.dump({"error": "valgrind not installed"}, open(os.path.join(outdir, "callgrind.json"), "w"))
+        return
+    workdir = tempfile.mkdtemp(prefix="pkbench-callgrind-")
+    # valgrind 3.19 cannot read the DWARF 5 that swiftc writes: strip it (symbols stay).
+    stripped = os.path.join(workdir, "pkbench")
+    shutil.copy(binary, stripped)
+    subprocess.run(["objcopy", "--strip-debug", stripped], check=True)
+    results = {}
+    for kind in KINDS:
+        try:
+            small, small_files = run(stripped, kind, n, workdir)
+            large, large_files = run(stripped, kind, 2 * n, workdir)
+            results[kind] = {"n": n, "ir_n": small, "ir_2n": large, "per_round_trip": (large - small) / n}
+            print(f"  {kind:18s} {(large - small) / n:10.0f} instructions per round trip", file=sys.stderr)
+            if kind.startswith("portkit"):
+                profile(small_files, large_files, n, os.path.join(outdir, f"callgrind-profile-{kind}.txt"), kind)
+        except Exception as error:  # record and go on: one failing kind must not hide the others
+            results[kind] = {"error": str(error)[:500]}
+            print(f"  {kind}: {error}", file=sys.stderr)
+    json.dump(results, open(os.path.join(outdir, "callgrind.json"), "w"), indent=1)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

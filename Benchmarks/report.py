@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""Turns one run of the suite into one table: workload, placement, PortKit median, baseline
+median, ratio, target, met?
+
+    report.py RESULTS_DIR        (what run.sh wrote: *.influx.csv, extra.jsonl, callgrind.json)
+
+Medians are of the custom metric psPerOp (picoseconds per operation, timed on the thread that
+does the work); each sample is a batch of operations. Writes RESULTS_DIR/table.md as well.
+"""
+import csv
+import glob
+import json
+import os
+import sys
+
+# (row title, PortKit workload, PortKit impl, baseline workload, baseline impl, kind, target)
+# kind "latency": ratio = PortKit / baseline, met when <= target.
+# kind "throughput": ratio = PortKit msg/s / baseline msg/s, met when >= target.
+RULES = [
+    ("Round trip 64 B, threads", "rt.threads", "portkit", "rt.threads", "socketpair", "latency", 1.10),
+    ("Round trip 64 B, threads", "rt.threads", "portkit", "rt.threads", "zmq-inproc", "latency", 1.00),
+    ("Round trip 64 B, processes", "rt.processes", "portkit", "rt.processes", "unix-socket", "latency", 1.15),
+    ("Round trip 64 B, processes", "rt.processes", "portkit", "rt.processes", "zmq-ipc", "latency", 0.50),
+    ("Round trip 64 B, processes", "rt.processes", "portkit", "rt.processes", "zmq-tcp", "latency", None),
+    ("Stream 64 B, threads", "stream64.threads", "portkit", "stream64.threads", "zmq-inproc", "throughput", 1.2),
+    ("Stream 64 B, threads", "stream64.threads", "portkit", "stream64.threads", "socketpair", "throughput", None),
+    ("Stream 64 B, processes", "stream64.processes", "portkit", "stream64.processes", "zmq-ipc-pushpull", "throughput", 1.0),
+    ("Stream 64 B, processes", "stream64.processes", "portkit", "stream64.processes", "unix-socket", "throughput", None),
+    ("Stream 1 KiB, threads", "stream1k.threads", "portkit", "stream1k.threads", "zmq-inproc", "throughput", 1.0),
+    ("Stream 1 KiB, threads", "stream1k.threads", "portkit", "stream1k.threads", "socketpair", "throughput", None),
+    ("Stream 1 KiB, processes", "stream1k.processes", "portkit", "stream1k.processes", "zmq-ipc-pushpull", "throughput", 1.0),
+    ("Stream 1 KiB, processes", "stream1k.processes", "portkit", "stream1k.processes", "unix-socket", "throughput", None),
+    ("Request/reply, threads", "request.threads", "portkit", "rt.threads", "portkit", "latency", 1.2),
+    ("Request/reply, processes", "request.processes", "portkit", "rt.processes", "portkit", "latency", 1.2),
+    ("Spawn to check-in", "spawn", "portkit", "spawn", "pthread+byte", "latency", 1.5),
+    ("Round trip, 1,000 idle ports per loop", "rt.threads.idle1000", "portkit", "rt.threads", "portkit", "latency", 1.10),
+    ("Lookup, 10,000 names registered", "lookup", "portkit-10000", "lookup", "portkit-1", "latency", 2.0),
+]
+
+BASELINE_LABEL = {
+    "socketpair": "raw socketpair + epoll (C)",
+    "unix-socket": "raw named Unix socket + epoll (C)",
+    "zmq-inproc": "libzmq PAIR inproc://",
+    "zmq-ipc": "libzmq PAIR ipc://",
+    "zmq-tcp": "libzmq PAIR tcp:// loopback",
+    "zmq-ipc-pushpull": "libzmq PUSH/PULL ipc://",
+    "pthread+byte": "pthread_create + 1 socketpair byte (C)",
+}
+
+
+def load(outdir):
+    """{(workload, impl, placement): {"p25","p50","p75" (ns), "n"}} from the influx export."""
+    rows = {}
+    for path in glob.glob(os.path.join(outdir, "*.influx.csv")):
+        with open(path, newline="") as f:
+            lines = [l for l in f if not l.startswith("#")]
+        for rec in csv.DictReader(lines):
+            if rec.get("metric") != "psPerOp":
+                continue
+            parts = rec["test"].strip('"').split("|")
+            if len(parts) != 3:
+                continue
+            key = tuple(parts)
+            entry = rows.setdefault(key, {})
+            p = float(rec["percentile"])
+            entry[{0.0: "p0", 25.0: "p25", 50.0: "p50", 75.0: "p75", 100.0: "p100"}.get(p, f"p{p}")] = float(rec["value"]) / 1000.0
+            entry["n"] = int(rec["iterations"])
+    return rows
+
+
+def fmt_latency(ns):
+    return f"{ns / 1000:.2f} µs"
+
+
+def fmt_rate(ns):
+    return f"{1000.0 / ns:.2f} M msg/s"
+
+
+def spread(entry):
+    if not entry or "p25" not in entry or "p75" not in entry or not entry["p50"]:
+        return 0.0
+    return (entry["p75"] - entry["p25"]) / entry["p50"] * 100
+
+
+def main():
+    outdir = sys.argv[1] if len(sys.argv) > 1 else "results"
+    data = load(outdir)
+    meta = {}
+    if os.path.exists(os.path.join(outdir, "meta.json")):
+        meta = json.load(open(os.path.join(outdir, "meta.json")))
+    extra = []
+    if os.path.exists(os.path.join(outdir, "extra.jsonl")):
+        for line in open(os.path.join(outdir, "extra.jsonl")):
+            line = line.strip()
+            if line.startswith("{"):
+                try:
+                    extra.append(json.loads(line))
+                except ValueError:
+                    pass
+    callgrind = {}
+    if os.path.exists(os.path.join(outdir, "callgrind.json")):
+        callgrind = json.load(open(os.path.join(outdir, "callgrind.json")))
+
+    placements = [p for p in ("same", "split") if any(k[2] == p for k in data)]
+    out = []
+    out.append("| Workload | Placement | PortKit | Baseline | Baseline median | Ratio | Target | Met? | Spread |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    met = total = 0
+    for title, pw, pi, bw, bi, kind, target in RULES:
+        for placement in placements:
+            pk = data.get((pw, pi, placement))
+            base = data.get((bw, bi, placement))
+            label = BASELINE_LABEL.get(bi, "PortKit " + {"rt.threads": "round trip, threads", "rt.processes": "round trip, processes",
+                                                          "lookup": "lookup, 1 name registered"}.get(bw, bw))
+            if pk is None and base is None:
+                continue
+            fmt = fmt_latency if kind == "latency" else fmt_rate
+            pk_s = fmt(pk["p50"]) if pk else "not run"
+            base_s = fmt(base["p50"]) if base else ("not run (no libzmq)" if bi.startswith("zmq") else "not run")
+            ratio_s, target_s, ok_s = "", "", ""
+            if target is not None:
+                target_s = ("≤ " if kind == "latency" else "≥ ") + f"{target:.2f} x"
+            if pk and base:
+                ratio = pk["p50"] / base["p50"] if kind == "latency" else base["p50"] / pk["p50"]
+                ratio_s = f"{ratio:.2f} x" + ("" if kind == "latency" else " (msg/s)")
+                if target is not None:
+                    ok = ratio <= target if kind == "latency" else ratio >= target
+                    ok_s = "yes" if ok else "**NO**"
+                    total += 1
+                    met += ok
+                else:
+                    ok_s = "(no target)"
+            elif target is not None:
+                ok_s = "not measured"
+            sp = max(spread(pk), spread(base))
+            out.append(f"| {title} | {placement} | {pk_s} | {label} | {base_s} | {ratio_s} | {target_s} | {ok_s} | {sp:.0f}% |")
+
+    # Foundation SocketPort + RunLoop, measured in a child process (it crashes on streams).
+    for item in extra:
+        if item.get("workload") not in ("rt", "stream"):
+            continue
+        placement = item.get("placement", "?")
+        if item["workload"] == "rt":
+            pk = data.get(("rt.threads", "portkit", placement))
+            title = "Round trip 64 B, threads"
+        else:
+            pk = data.get(("stream64.threads", "portkit", placement))
+            title = "Stream 64 B, threads"
+        label = "Foundation SocketPort + RunLoop"
+        if "crashed" in item:
+            code = item["crashed"]
+            what = f"crashed (signal {code - 128})" if code > 128 else f"failed (exit {code})"
+            out.append(f"| {title} | {placement} | {fmt_latency(pk['p50']) if pk and item['workload'] == 'rt' else (fmt_rate(pk['p50']) if pk else '')} | {label} | {what} | | | (no target) | |")
+        else:
+            ns = item["ns_per_op"]
+            if item["workload"] == "rt":
+                ratio = f"{pk['p50'] / ns:.2f} x" if pk else ""
+                out.append(f"| {title} | {placement} | {fmt_latency(pk['p50']) if pk else ''} | {label} | {fmt_latency(ns)} | {ratio} | | (no target) | |")
+            else:
+                ratio = f"{ns / pk['p50']:.2f} x (msg/s)" if pk else ""
+                out.append(f"| {title} | {placement} | {fmt_rate(pk['p50']) if pk else ''} | {label} (send side only) | {fmt_rate(ns)} | {ratio} | | (no target) | |")
+
+    # Instructions per round trip (callgrind).
+    for side in ("threads", "processes"):
+        pk = callgrind.get(f"portkit-{side}", {})
+        c = callgrind.get(f"c-{side}", {})
+        if not pk and not c:
+            continue
+        if "per_round_trip" in pk and "per_round_trip" in c:
+            ratio = pk["per_round_trip"] / c["per_round_trip"]
+            ok = ratio <= 3.0
+            total += 1
+            met += ok
+            out.append(f"| User-space instructions per round trip, {side} | callgrind | {pk['per_round_trip']:.0f} | raw C ({'socketpair' if side == 'threads' else 'named Unix socket'}) | {c['per_round_trip']:.0f} | {ratio:.1f} x | ≤ 3.00 x | {'yes' if ok else '**NO**'} | exact |")
+        else:
+            err = pk.get("error") or c.get("error") or "missing"
+            out.append(f"| User-space instructions per round trip, {side} | callgrind | failed: {err[:80]} | | | | ≤ 3.00 x | not measured | |")
+
+    for item in extra:
+        if "bare_bytes" in item:
+            out.append(f"| User-space memory per idle port | — | {item['bare_bytes']:.0f} B scheduled, no sender; {item['connected_bytes']:.0f} B with one connected sender (+{item['descriptors_per_connected']} descriptors) | | | | | (no target) | |")
+    out.append("| The same through PortKit's ZeroMQ transport vs raw libzmq | — | not measured: the PortKitZeroMQ module is not ready yet | | | | | not measured | |")
+
+    summary = f"{met} of {total} measured targets met."
+    # Rows the suite should have produced and did not: a workload that broke.
+    failed = []
+    expected_path = os.path.join(outdir, "expected.txt")
+    if os.path.exists(expected_path):
+        for line in open(expected_path):
+            parts = tuple(line.strip().split("|"))
+            if len(parts) == 3 and parts not in data:
+                failed.append("|".join(parts))
+    for kind, value in callgrind.items():
+        if isinstance(value, dict) and "error" in value:
+            failed.append(f"callgrind {kind}: {value['error'][:200]}")
+    if failed:
+        summary += "\n\nFAILED (no result): " + ", ".join(failed)
+    text = "\n".join(out) + "\n\n" + summary + "\n"
+    notes = []
+    if meta:
+        notes.append(f"Machine: {meta.get('cpus')} CPUs, {meta.get('cpu_model')}, kernel {meta.get('kernel')}, {meta.get('swift')}; "
+                     f"load before the run {' '.join(meta.get('load_before', []))}; PortKit at {meta.get('commit')}"
+                     f"{' with uncommitted changes' if meta.get('dirty') else ''}"
+                     f"{'; SHORT MODE (a few samples per row: not for comparison)' if meta.get('short') else ''}.")
+    ns = sorted({v.get("n", 0) for v in data.values()})
+    if ns:
+        notes.append(f"Samples per row: {ns[0]} to {ns[-1]}; spread = interquartile range / median of the worse of the two rows.")
+    text += "\n".join(notes) + ("\n" if notes else "")
+    print(text)
+    with open(os.path.join(outdir, "table.md"), "w") as f:
+        f.write(text)
+    if failed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

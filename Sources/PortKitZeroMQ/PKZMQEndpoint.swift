@@ -1,0 +1,128 @@
+#if ZeroMQ
+// Endpoints: the `tcp://` and `ipc://` addresses ZeroMQ ports bind and connect to, checked in
+// one place, and the `ipc://` endpoint of a name in the name server's directory.
+
+import PortKit
+
+/// Endpoints of ZeroMQ ports.
+///
+/// PortKit accepts two kinds, written as libzmq writes them:
+///
+/// - `tcp://HOST:PORT`: `HOST` an IPv4 address or a host name (`*` binds every interface);
+///   `PORT` a number, or `*` to bind an ephemeral port (read the result from the port's
+///   `endpoint`).
+/// - `ipc://PATH`: a Unix socket at an absolute `PATH` (claimed with a lock file next to it,
+///   `PATH.lock`, so a second binder of a live endpoint fails with `.nameInUse`), or
+///   `ipc://@NAME` in Linux's abstract namespace (the kernel itself refuses a second binder).
+public enum PKZMQEndpoint {
+    /// The longest endpoint a message may carry, in bytes.
+    public static let maxLength = 255
+
+    /// The `ipc://` endpoint for `name` in the name server's directory: the socket
+    /// `<directory>/<name>`, claimed under `<directory>/<name>.lock`, the very lock
+    /// `PKNameServer` takes for that name. A ZeroMQ port bound there and a Unix-socket port
+    /// registered under the same name therefore exclude each other.
+    ///
+    /// - Parameters:
+    ///   - name: 1 to 64 characters from `A-Z a-z 0-9 . _ -`, not starting with a dot.
+    ///   - directory: the name directory; `PKNameServer`'s default when `nil`.
+    /// - Throws: `.badName`, or `.unsafeDirectory` if the directory breaks the name server's rules.
+    public static func ipc(name: String, directory: String? = nil) throws(PKError) -> String {
+        try validate(name: name)
+        let directory = directory ?? PKNameServer.shared.directory
+        try FileInfo.ensurePrivateDirectory(directory)
+        let endpoint = "ipc://\(directory)/\(name)"
+        _ = try ZMQEndpoint(parsing: endpoint)
+        return endpoint
+    }
+
+    /// Whether PortKit accepts `endpoint` (see the type's documentation).
+    public static func isValid(_ endpoint: String) -> Bool {
+        (try? ZMQEndpoint(parsing: endpoint)) != nil
+    }
+
+    /// The name server's rule for names.
+    static func validate(name: String) throws(PKError) {
+        guard !name.isEmpty, name.utf8.count <= 64 else {
+            throw PKError(.badName, "a port name has 1 to 64 characters; \"\(name.prefix(80))\" has \(name.utf8.count)")
+        }
+        guard !name.hasPrefix(".") else { throw PKError(.badName, "the port name \"\(name)\" starts with a dot") }
+        for byte in name.utf8 {
+            let ok = (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A)
+                || byte == UInt8(ascii: ".") || byte == UInt8(ascii: "_") || byte == UInt8(ascii: "-")
+            guard ok else { throw PKError(.badName, "the port name \"\(name)\" has a character outside A-Z a-z 0-9 . _ -") }
+        }
+    }
+}
+
+/// A checked endpoint.
+enum ZMQEndpoint: Hashable, Sendable, CustomStringConvertible {
+    case tcp(host: String, port: String)
+    /// A file path, or `@name` in the abstract namespace.
+    case ipc(path: String)
+
+    /// The longest `ipc://` path: a Unix socket address holds 107 bytes and a NUL.
+    static let maxPathLength = 107
+
+    init(parsing text: String) throws(PKError) {
+        guard text.utf8.count <= PKZMQEndpoint.maxLength else {
+            throw PKError(.badName, "the endpoint \"\(text.prefix(60))...\" is \(text.utf8.count) bytes; the limit is \(PKZMQEndpoint.maxLength)")
+        }
+        guard !text.utf8.contains(0) else { throw PKError(.badName, "an endpoint cannot contain a NUL byte") }
+        if text.hasPrefix("tcp://") {
+            let rest = text.dropFirst(6)
+            guard let colon = rest.lastIndex(of: ":") else {
+                throw PKError(.badName, "the endpoint \(text) has no port: write tcp://HOST:PORT")
+            }
+            let host = String(rest[..<colon])
+            let port = String(rest[rest.index(after: colon)...])
+            guard !host.isEmpty, !host.contains("/") else { throw PKError(.badName, "the endpoint \(text) has no host") }
+            let portOK = port == "*" || (!port.isEmpty && port.count <= 5 && port.allSatisfy(\.isASCII) && port.allSatisfy(\.isNumber) && Int(port)! <= 65535)
+            guard portOK else { throw PKError(.badName, "the endpoint \(text) has a bad port \"\(port)\": a number up to 65535, or *") }
+            self = .tcp(host: host, port: port)
+        } else if text.hasPrefix("ipc://") {
+            let path = String(text.dropFirst(6))
+            guard path.hasPrefix("/") || (path.hasPrefix("@") && path.count > 1) else {
+                throw PKError(.badName, "the endpoint \(text) needs an absolute path (ipc:///dir/name) or an abstract name (ipc://@name)")
+            }
+            guard path.utf8.count <= Self.maxPathLength else {
+                throw PKError(.badName, "the socket path of \(text) is \(path.utf8.count) bytes; a Unix socket path holds at most \(Self.maxPathLength)")
+            }
+            self = .ipc(path: path)
+        } else {
+            throw PKError(.badName, "the endpoint \"\(text)\" is neither tcp:// nor ipc://")
+        }
+    }
+
+    var description: String {
+        switch self {
+        case .tcp(let host, let port): "tcp://\(host):\(port)"
+        case .ipc(let path): "ipc://\(path)"
+        }
+    }
+
+    /// Whether the host is a wildcard, which a peer cannot connect to.
+    var isWildcard: Bool {
+        if case .tcp(let host, _) = self { return host == "*" || host == "0.0.0.0" }
+        return false
+    }
+
+    /// The file this endpoint binds, if any (not for tcp, nor for the abstract namespace).
+    var socketFile: String? {
+        if case .ipc(let path) = self, path.hasPrefix("/") { return path }
+        return nil
+    }
+
+    /// How a peer reaching `destination` can reach this endpoint: a wildcard host becomes the
+    /// local address the kernel would use toward the destination (127.0.0.1 for a local one).
+    func advertised(toward destination: ZMQEndpoint) -> String {
+        guard case .tcp(_, let port) = self, isWildcard else { return description }
+        let local: String
+        switch destination {
+        case .tcp(let host, _): local = LocalAddress.toward(host: host) ?? "127.0.0.1"
+        case .ipc: local = "127.0.0.1"
+        }
+        return "tcp://\(local):\(port)"
+    }
+}
+#endif

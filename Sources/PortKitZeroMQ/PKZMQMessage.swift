@@ -1,0 +1,77 @@
+#if ZeroMQ
+// The port message of the ZeroMQ transport: the same model as PKPortMessage (a msgid, ordered
+// data and port components, a reply port), with ports that are ZeroMQ send rights.
+
+import PortKit
+
+/// One component of a ZeroMQ port message: bytes, or a port.
+public enum PKZMQComponent: Sendable {
+    /// Bytes, delivered exactly as sent (any length, zero included).
+    case data([UInt8])
+    /// A send right to a ZeroMQ port; it travels as its endpoint, and the receiver gets a send
+    /// right that connects there.
+    case port(PKZMQSendPort)
+
+    /// The bytes, if this is a data component.
+    public var data: [UInt8]? { if case .data(let bytes) = self { bytes } else { nil } }
+    /// The send right, if this is a port component.
+    public var port: PKZMQSendPort? { if case .port(let port) = self { port } else { nil } }
+}
+
+/// A message sent to a ZeroMQ port: `PKPortMessage`'s model over ZeroMQ.
+///
+/// `msgid` is the application's identifier (the guide's check-in is 100), the components arrive
+/// in order, and `replyPort` is where the receiver should answer: for an incoming message,
+/// exactly the port the sender chose. protocol.md's "ZeroMQ mapping" gives the frames.
+public struct PKZMQMessage: Sendable {
+    /// The message identifier.
+    public var msgid: UInt32
+    /// The data and port components, in order.
+    public var components: [PKZMQComponent]
+    /// Where replies go, if the sender wants any.
+    public var replyPort: PKZMQSendPort?
+
+    /// A message.
+    public init(msgid: UInt32, components: [PKZMQComponent] = [], replyPort: PKZMQSendPort? = nil) {
+        self.msgid = msgid
+        self.components = components
+        self.replyPort = replyPort
+    }
+
+    /// A message whose one component is `bytes`.
+    public init(msgid: UInt32, data bytes: [UInt8], replyPort: PKZMQSendPort? = nil) {
+        self.init(msgid: msgid, components: [.data(bytes)], replyPort: replyPort)
+    }
+
+    /// The data of a core `PKPortMessage` under the same msgid. Its port components and reply
+    /// port are send rights of the Unix-socket transport, which cannot travel over ZeroMQ.
+    ///
+    /// - Throws: `.limitExceeded` if `message` holds a port or a reply port.
+    public init(dataOf message: PKPortMessage) throws(PKError) {
+        var components: [PKZMQComponent] = []
+        for component in message.components {
+            guard case .data(let bytes) = component else {
+                throw PKError(.limitExceeded, "a Unix-socket send right cannot travel over ZeroMQ; send a PKZMQSendPort")
+            }
+            components.append(.data(bytes))
+        }
+        guard message.replyPort == nil else {
+            throw PKError(.limitExceeded, "a Unix-socket reply port cannot travel over ZeroMQ; use a PKZMQSendPort")
+        }
+        self.init(msgid: message.msgid, components: components)
+    }
+
+    /// The bytes of every data component, concatenated.
+    public var data: [UInt8] {
+        var bytes: [UInt8] = []
+        for case .data(let chunk) in components { bytes.append(contentsOf: chunk) }
+        return bytes
+    }
+
+    /// The data components decoded as UTF-8 text (invalid sequences repaired).
+    public var text: String { String(decoding: data, as: UTF8.self) }
+
+    /// The port components, in order.
+    public var ports: [PKZMQSendPort] { components.compactMap(\.port) }
+}
+#endif

@@ -1,0 +1,69 @@
+#if ZeroMQ
+// Process-wide settings of the ZeroMQ transport: heartbeats, and where replies come back.
+
+import PortKit
+import Synchronization
+
+/// ZeroMQ heartbeats (ZMTP 3.1 PING/PONG, `ZMQ_HEARTBEAT_IVL`/`_TIMEOUT`/`_TTL`): how a peer
+/// that went silent without closing its connection (a crashed host, a cut cable, a stopped
+/// process) is noticed.
+public struct PKZMQHeartbeat: Sendable, Equatable {
+    /// How often each side sends a PING when the connection is otherwise quiet. Default 1 s.
+    public var interval: Duration
+    /// How long a side waits for any traffic after a PING before it drops the connection;
+    /// also sent to the peer as the TTL it should apply to us. Default 3 s.
+    public var timeout: Duration
+
+    /// Heartbeats every `interval`, dropping a connection silent for `timeout` after a PING.
+    public init(interval: Duration = .seconds(1), timeout: Duration = .seconds(3)) {
+        self.interval = interval
+        self.timeout = timeout
+    }
+
+    /// The defaults: 1 s and 3 s.
+    public static let `default` = PKZMQHeartbeat()
+
+    /// The longest a silent peer goes unnoticed: `interval + timeout` (plus scheduling delays).
+    /// A peer whose process dies on a live host is noticed at once: its kernel closes the
+    /// connection.
+    public var bound: Duration { interval + timeout }
+
+    var intervalMilliseconds: Int32 { Self.milliseconds(interval) }
+    var timeoutMilliseconds: Int32 { Self.milliseconds(timeout) }
+    /// The TTL travels in deciseconds: round up to a whole one.
+    var ttlMilliseconds: Int32 { (Self.milliseconds(timeout) + 99) / 100 * 100 }
+
+    private static func milliseconds(_ duration: Duration) -> Int32 {
+        let (seconds, attoseconds) = duration.components
+        return Int32(clamping: max(1, seconds * 1000 + attoseconds / 1_000_000_000_000_000))
+    }
+}
+
+/// Process-wide settings of the ZeroMQ transport. Each applies to the sockets made after it is
+/// set; set them before making ports.
+public enum PKZMQTransport {
+    private static let settings = Mutex<Settings>(Settings())
+
+    private struct Settings {
+        var heartbeat = PKZMQHeartbeat.default
+        var replyHost: String?
+    }
+
+    /// The heartbeats of every socket made from now on (receive ports and connections).
+    public static var heartbeat: PKZMQHeartbeat {
+        get { settings.withLock { $0.heartbeat } }
+        set { settings.withLock { $0.heartbeat = newValue } }
+    }
+
+    /// The host (an address of this machine) whose `tcp://` endpoint replies to requests come
+    /// back to. `nil`, the default, picks the local address the kernel uses toward each
+    /// destination, which suits hosts that reach each other without address translation.
+    public static var replyHost: String? {
+        get { settings.withLock { $0.replyHost } }
+        set { settings.withLock { $0.replyHost = newValue } }
+    }
+
+    /// The version of the libzmq PortKit runs on, as "major.minor.patch".
+    public static var libraryVersion: String { ZMQContext.libraryVersion }
+}
+#endif

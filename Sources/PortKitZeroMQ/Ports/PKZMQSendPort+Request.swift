@@ -1,0 +1,143 @@
+#if ZeroMQ
+// Synchronous and async request/reply (CFMessagePortSendRequest) over ZeroMQ: the request
+// carries the process's reply port with a fresh port id; the caller waits until the reply,
+// the deadline, or the death of the remote port's connection.
+
+import PortKit
+import Synchronization
+
+private let replyModeCounter = Atomic<UInt64>(0)
+
+extension PKZMQSendPort {
+    /// Sends `message` and waits for the reply (`CFMessagePortSendRequest`).
+    ///
+    /// The request goes out with a reply port of this process (its `replyPort` is replaced).
+    /// While waiting, the calling thread's run loop runs in a private mode that holds only the
+    /// wait, so the caller's other handlers do not fire. The first message sent to that reply
+    /// port is the reply; one that comes after the deadline is dropped.
+    ///
+    /// - Parameters:
+    ///   - message: the request.
+    ///   - sendTimeout: how long a full queue (or a connection not yet made) may hold the request.
+    ///   - receiveTimeout: how long to wait for the reply; `nil` sends one-way and returns `nil`.
+    /// - Returns: the reply, or `nil` for a one-way send.
+    /// - Throws: `.sendTimedOut`, `.receiveTimedOut`, `.invalidPort` (invalid before the request
+    ///   went out), `.portInvalidated` (the port's connection died while the caller waited),
+    ///   `.limitExceeded`, `.transport`.
+    @discardableResult
+    public func sendRequest(
+        _ message: PKZMQMessage, sendTimeout: Duration, receiveTimeout: Duration?
+    ) throws(PKError) -> PKZMQMessage? {
+        guard let receiveTimeout else {
+            var oneWay = message
+            oneWay.replyPort = nil
+            try send(oneWay, before: .after(sendTimeout))
+            return nil
+        }
+        let loop = PKRunLoop.current
+        let mode = PKRunLoopMode("PKZMQReplyMode-\(replyModeCounter.add(1, ordering: .relaxed).newValue)")
+        let woken = PKCustomSource(perform: {})
+        loop.add(woken, forMode: mode)
+        defer { woken.invalidate() }
+        let waiter = ZMQReplyWaiter { woken.signal(waking: loop) }
+        let pending = try PendingRequest(self, message, waiter: waiter, sendTimeout: sendTimeout)
+        defer { pending.end() }
+        let deadline = PKDeadline.after(receiveTimeout)
+        while waiter.outcome == nil {
+            let result = loop.run(in: mode, until: deadline, returnAfterSourceHandled: true)
+            if result == .timedOut || result == .finished { break }
+            if result == .stopped { loop.stop(); break }  // not ours: pass the stop outward
+        }
+        return try Self.reply(from: waiter.outcome, receiveTimeout: receiveTimeout)
+    }
+
+    /// Sends `message` and waits for the reply without blocking a thread: the async form of
+    /// `sendRequest(_:sendTimeout:receiveTimeout:)`, with the same errors. The request is sent
+    /// (waiting up to `sendTimeout` for room) before the first suspension.
+    public func request(
+        _ message: PKZMQMessage, sendTimeout: Duration, receiveTimeout: Duration
+    ) async throws(PKError) -> PKZMQMessage {
+        let signal = AsyncSignal()
+        let waiter = ZMQReplyWaiter { signal.fire() }
+        let pending = try PendingRequest(self, message, waiter: waiter, sendTimeout: sendTimeout)
+        defer { pending.end() }
+        let timer = PKTimer(fireDate: .after(receiveTimeout)) { _ in signal.fire() }
+        PKRunLoop.background.perform(inModes: [.common]) { PKRunLoop.current.add(timer, forMode: .common) }
+        await signal.wait()
+        timer.invalidate()
+        return try Self.reply(from: waiter.outcome, receiveTimeout: receiveTimeout)!
+    }
+
+    private static func reply(from outcome: ZMQReplyWaiter.Outcome?, receiveTimeout: Duration) throws(PKError) -> PKZMQMessage? {
+        switch outcome {
+        case .reply(let reply): return reply
+        case .died(let reason): throw PKError(.portInvalidated, "the remote port became invalid while waiting for the reply: \(reason)")
+        case nil: throw PKError(.receiveTimedOut, "no reply arrived within \(receiveTimeout)")
+        }
+    }
+}
+
+/// A request on the wire: its waiter registered with the reply service under a fresh port id,
+/// a watch on the remote port's connection, and the request sent. `end()` undoes the
+/// registrations.
+private struct PendingRequest {
+    let service: ZMQReplyService
+    let id: UInt64
+    let connection: ZMQConnection
+    let watch: Int?
+
+    init(_ port: PKZMQSendPort, _ message: PKZMQMessage, waiter: ZMQReplyWaiter, sendTimeout: Duration) throws(PKError) {
+        let connection = try port.right.connection()
+        let service = try ZMQReplyService.shared()
+        let replyEndpoint = try service.endpoint(toward: port.right.endpoint)
+        let id = service.register(waiter)
+        let frames: [ZMQOutgoingFrame]
+        do throws(PKError) {
+            frames = try port.frames(of: message, reply: ZMQPortAddress(endpoint: replyEndpoint, portID: id))
+        } catch {
+            service.unregister(id)
+            throw error
+        }
+        let watch = connection.onDeath { reason in waiter.finish(.died(reason)) }
+        self.service = service
+        self.id = id
+        self.connection = connection
+        self.watch = watch
+        do throws(PKError) { try connection.send(frames, before: .after(sendTimeout)) } catch {
+            end()
+            throw error
+        }
+    }
+
+    func end() {
+        service.unregister(id)
+        connection.removeDeathHandler(watch)
+    }
+}
+
+/// A one-shot signal a task awaits; `fire` from any thread, any number of times.
+private final class AsyncSignal: Sendable {
+    private let state = Mutex<(fired: Bool, continuation: CheckedContinuation<Void, Never>?)>((false, nil))
+
+    func fire() {
+        let continuation = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            guard !state.fired else { return nil }
+            state.fired = true
+            defer { state.continuation = nil }
+            return state.continuation
+        }
+        continuation?.resume()
+    }
+
+    func wait() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let resumeNow = state.withLock { state -> Bool in
+                if state.fired { return true }
+                state.continuation = continuation
+                return false
+            }
+            if resumeNow { continuation.resume() }
+        }
+    }
+}
+#endif

@@ -1,0 +1,187 @@
+#if ZeroMQ
+// A ZeroMQ send right: the address of a port (an endpoint and a port id) plus this right's own
+// validity; the connection under it is shared per endpoint and made on first use.
+
+import PortKit
+import Synchronization
+
+/// A send right to a ZeroMQ port (the remote port of `PKSendPort`'s model, over ZeroMQ).
+///
+/// A cheap `Sendable` value: copy it, store it, use it from any thread. It names a port by
+/// `endpoint` (where the port's owner bound its socket) and `portID` (0 for the receive port
+/// bound there). Under it is this process's one connection to that endpoint, made on first
+/// use and shared by every right to it, so messages sent to one endpoint from one process
+/// arrive in the order they were sent, and never interleave.
+///
+/// A right becomes invalid when `invalidate()` is called on it (or a copy), or when its
+/// connection dies: the port's owner closed it, its process died (noticed at once on a live
+/// host), or it fell silent past the heartbeat bound (`PKZMQTransport.heartbeat`). Sending to
+/// an invalid right throws `.invalidPort`; it never raises a signal. A right to an endpoint
+/// that nobody has bound yet stays valid: ZeroMQ keeps connecting, and a send waits for the
+/// connection until its deadline.
+///
+/// Two rights are equal when they name the same endpoint and port id.
+public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
+    /// Where the port is bound.
+    public var endpoint: String { right.address.endpoint }
+    /// The port's id at `endpoint`: 0 for the receive port bound there.
+    public var portID: UInt64 { right.address.portID }
+
+    let right: ZMQSendRight
+
+    /// A send right to the port at `endpoint`; starts connecting at once.
+    ///
+    /// - Parameters:
+    ///   - endpoint: `tcp://HOST:PORT` or `ipc://PATH` (see `PKZMQEndpoint`).
+    ///   - portID: the port's id there; 0 for the receive port bound at `endpoint`.
+    /// - Throws: `.badName` for an endpoint PortKit does not accept; `.system` if libzmq fails.
+    public init(connectingTo endpoint: String, portID: UInt64 = 0) throws(PKError) {
+        let parsed = try ZMQEndpoint(parsing: endpoint)
+        right = ZMQSendRight(address: ZMQPortAddress(endpoint: endpoint, portID: portID), endpoint: parsed)
+        _ = try right.connection()
+    }
+
+    /// A right to an address that came off the wire (already checked); connects on first use.
+    init(address: ZMQPortAddress) {
+        // The decoder accepted the endpoint, so it parses.
+        let parsed = (try? ZMQEndpoint(parsing: address.endpoint)) ?? .ipc(path: "/")
+        right = ZMQSendRight(address: address, endpoint: parsed)
+    }
+
+    /// Sends `message`, waiting until `deadline` for room in the receiver's queue, or for the
+    /// connection if it is not made yet (`-[NSPortMessage sendBeforeDate:]`).
+    ///
+    /// The message is queued whole or not at all. Its ports travel as their endpoints; a port
+    /// bound to a wildcard address (`tcp://*:PORT`) is advertised under the local address the
+    /// kernel uses toward this right's endpoint.
+    ///
+    /// - Throws: `.sendTimedOut`; `.invalidPort` (the right is or became invalid while waiting);
+    ///   `.limitExceeded` (the message is over `PKPortLimits.default`); `.transport`.
+    public func send(_ message: PKZMQMessage, before deadline: PKDeadline) throws(PKError) {
+        let connection = try right.connection()
+        try connection.send(try frames(of: message), before: deadline)
+    }
+
+    /// Sends `message`, waiting at most `timeout` for room.
+    public func send(_ message: PKZMQMessage, timeout: Duration) throws(PKError) {
+        try send(message, before: .after(timeout))
+    }
+
+    /// Sends a message made of `msgid`, `components` and a reply port.
+    public func send(
+        msgid: UInt32, components: [PKZMQComponent] = [], replyPort: PKZMQSendPort? = nil,
+        before deadline: PKDeadline
+    ) throws(PKError) {
+        try send(PKZMQMessage(msgid: msgid, components: components, replyPort: replyPort), before: deadline)
+    }
+
+    /// The frames of `message` for this right's port.
+    func frames(of message: PKZMQMessage, reply: ZMQPortAddress? = nil) throws(PKError) -> [ZMQOutgoingFrame] {
+        let destination = right.endpoint
+        var components: [ZMQWireComponent] = []
+        components.reserveCapacity(message.components.count)
+        for component in message.components {
+            switch component {
+            case .data(let bytes): components.append(.data(bytes))
+            case .port(let port): components.append(.port(port.address(toward: destination)))
+            }
+        }
+        let replyAddress = reply ?? message.replyPort?.address(toward: destination)
+        try ZMQMessageEncoder.check(components: components, hasReply: replyAddress != nil, limits: ZMQWireLimits(.default))
+        return ZMQMessageEncoder.frames(msgid: message.msgid, destination: portID, components: components, reply: replyAddress)
+    }
+
+    /// This port's address as a peer at `destination` can reach it.
+    func address(toward destination: ZMQEndpoint) -> ZMQPortAddress {
+        guard right.endpoint.isWildcard else { return right.address }
+        return ZMQPortAddress(endpoint: right.endpoint.advertised(toward: destination), portID: portID)
+    }
+
+    /// Whether the port can still be reached through this right: false once it was
+    /// invalidated or its connection died. Safe from any thread.
+    public var isValid: Bool { right.isValid }
+
+    /// Gives up this right and every copy of it; sends through it throw `.invalidPort`. Other
+    /// rights to the same port are not affected. Safe from any thread.
+    public func invalidate() { right.invalidate("the send right was invalidated") }
+
+    public var description: String {
+        "PKZMQSendPort(\(endpoint)\(portID == 0 ? "" : "#\(portID)")\(isValid ? "" : ", invalid"))"
+    }
+
+    public static func == (lhs: PKZMQSendPort, rhs: PKZMQSendPort) -> Bool { lhs.right.address == rhs.right.address }
+    public func hash(into hasher: inout Hasher) { hasher.combine(right.address) }
+}
+
+/// The state every copy of one send right shares: its own invalidation, and the connection it
+/// resolved on first use (kept, so that the right dies with that connection even if the
+/// endpoint is bound again later).
+final class ZMQSendRight: Sendable {
+    let address: ZMQPortAddress
+    let endpoint: ZMQEndpoint
+    private let state = Mutex<State>(State())
+
+    private struct State {
+        var connection: ZMQConnection?
+        var invalidReason: String?
+    }
+
+    init(address: ZMQPortAddress, endpoint: ZMQEndpoint) {
+        self.address = address
+        self.endpoint = endpoint
+    }
+
+    /// The connection, made on first use.
+    ///
+    /// - Throws: `.invalidPort` if the right is invalid; errors making the connection.
+    func connection() throws(PKError) -> ZMQConnection {
+        try state.withLock { state throws(PKError) -> ZMQConnection in
+            if let reason = state.invalidReason { throw PKError(.invalidPort, "cannot use the send right to \(endpoint): \(reason)") }
+            if let connection = state.connection {
+                if let reason = connection.deadReason {
+                    throw PKError(.invalidPort, "cannot use the send right to \(endpoint): \(reason)")
+                }
+                return connection
+            }
+            let connection = try ZMQConnectionCache.shared.connection(to: endpoint)
+            state.connection = connection
+            return connection
+        }
+    }
+
+    /// The connection, made on first use, even if it has died since (to watch for its death).
+    ///
+    /// - Throws: `.invalidPort` if the right was invalidated; errors making the connection.
+    func connectionEvenIfDead() throws(PKError) -> ZMQConnection {
+        try state.withLock { state throws(PKError) -> ZMQConnection in
+            if let reason = state.invalidReason { throw PKError(.invalidPort, "cannot use the send right to \(endpoint): \(reason)") }
+            if let connection = state.connection { return connection }
+            let connection = try ZMQConnectionCache.shared.connection(to: endpoint)
+            state.connection = connection
+            return connection
+        }
+    }
+
+    var isValid: Bool {
+        state.withLock { state in
+            state.invalidReason == nil && state.connection?.deadReason == nil
+        }
+    }
+
+    /// The connection, if one was made and still lives.
+    var liveConnection: ZMQConnection? {
+        state.withLock { state in state.connection?.deadReason == nil ? state.connection : nil }
+    }
+
+    /// Why the right is invalid, or nil.
+    var invalidReason: String? {
+        state.withLock { state in state.invalidReason ?? state.connection?.deadReason }
+    }
+
+    func invalidate(_ reason: String) {
+        state.withLock { state in
+            if state.invalidReason == nil { state.invalidReason = reason }
+        }
+    }
+}
+#endif

@@ -1,0 +1,182 @@
+#if ZeroMQ
+// The receiving side: a PULL socket bound to one or more endpoints and read on one run loop.
+//
+// libzmq's ZMQ_FD is not the socket's data: it is a signal that the socket's state may have
+// changed, and reading ZMQ_EVENTS consumes it. So it behaves as an edge: after every wake (and
+// after anything else that may have processed the socket's commands, such as a send on the same
+// socket) the reader must receive until ZMQ_EVENTS shows no POLLIN, or a message that arrived
+// meanwhile would wait for the next, unrelated edge. The inbox does exactly that, `budget`
+// messages at a time; when messages remain after a budget it signals its own custom source, so
+// the loop comes back on its next pass (other sources get their turn; the loop never sleeps
+// on a readable socket, and never spins on an empty one).
+//
+// Thread rules: binding may come from any thread; receiving, scheduling and closing are
+// loop-only once scheduled. The socket sits under a lock so that a bind from another thread
+// (the reply service binds endpoints lazily) never races a receive.
+
+import PortKit
+import Synchronization
+
+final class ZMQInbox: @unchecked Sendable {
+    /// Messages handled per wake before the loop gets to run other sources.
+    static let budget = 64
+
+    let limits: ZMQWireLimits
+    private let io: Mutex<IO>
+    private let descriptor: Int32
+
+    private struct IO {
+        var socket: ZMQSocket?
+        var decoder: ZMQMessageDecoder
+        var claims: [EndpointClaim] = []
+    }
+
+    // Loop-only state.
+    private var fdSource: PKDescriptorSource?
+    private var again: PKCustomSource?
+    private weak var loop: PKRunLoop?
+    /// Called on the loop with each valid message, and with the reason of each dropped one.
+    var onMessage: (ZMQDecodedMessage) -> Void = { _ in }
+    var onViolation: (String) -> Void = { _ in }
+    /// Called on the loop if the loop drops the inbox's sources (its thread ended).
+    var onCancel: () -> Void = {}
+
+    init(limits: PKPortLimits) throws(PKError) {
+        let socket = try ZMQSocket.receiving(limits: limits)
+        self.limits = ZMQWireLimits(limits)
+        descriptor = socket.pollDescriptor
+        io = Mutex(IO(socket: socket, decoder: ZMQMessageDecoder(limits: ZMQWireLimits(limits))))
+    }
+
+    /// Binds `endpoint` (an `ipc://` path under its lock first) and returns the endpoint
+    /// libzmq resolved (`tcp://H:*` gets its port). Safe from any thread.
+    ///
+    /// - Throws: `.nameInUse` if a live owner holds the endpoint; `.badName`; `.unsafeDirectory`;
+    ///   `.invalidPort` if the inbox is closed; `.system`.
+    func bind(_ endpoint: ZMQEndpoint) throws(PKError) -> String {
+        let claim = try endpoint.socketFile.map { path throws(PKError) in try EndpointClaim(socketPath: path) }
+        return try io.withLock { io throws(PKError) -> String in
+            guard let socket = io.socket else {
+                claim?.release()
+                throw PKError(.invalidPort, "cannot bind \(endpoint): the port was invalidated")
+            }
+            do throws(PKError) { try socket.bind(endpoint.description) } catch {
+                claim?.release()
+                throw error
+            }
+            if let claim {
+                claim.recordBoundSocket()
+                io.claims.append(claim)
+            }
+            let resolved = socket.lastEndpoint
+            return resolved.isEmpty ? endpoint.description : resolved
+        }
+    }
+
+    var isOpen: Bool { io.withLock { $0.socket != nil } }
+
+    // MARK: - Scheduling (loop-only)
+
+    /// Adds the inbox's sources to `mode` of the calling thread's loop, and drains what already
+    /// arrived.
+    func schedule(on loop: PKRunLoop, forMode mode: PKRunLoopMode) throws(PKError) {
+        precondition(loop.isOwnedByCurrentThread, "PortKitZeroMQ: a ZeroMQ port is scheduled from its loop's own thread")
+        precondition(self.loop == nil || self.loop === loop, "PortKitZeroMQ: a ZeroMQ port belongs to one run loop")
+        guard isOpen else { throw PKError(.invalidPort, "cannot schedule an invalidated port") }
+        if fdSource == nil {
+            fdSource = PKDescriptorSource(
+                descriptor: descriptor, events: .readable,
+                handler: { [unowned self] _ in self.drain() },
+                cancel: { [unowned self] in self.sourcesCancelled() })
+            again = PKCustomSource(perform: { [unowned self] in self.drain() })
+        }
+        self.loop = loop
+        try loop.add(fdSource!, forMode: mode)
+        loop.add(again!, forMode: mode)
+        // Messages may have arrived (and consumed the edge) before the socket was watched.
+        again!.signal(waking: loop)
+    }
+
+    /// Removes the inbox's sources from `mode`. Loop-only.
+    func unschedule(from mode: PKRunLoopMode) {
+        guard let loop, let fdSource, let again else { return }
+        loop.remove(fdSource, forMode: mode)
+        loop.remove(again, forMode: mode)
+    }
+
+    /// Stops watching and closes the socket, releasing `ipc://` claims. Loop-only once
+    /// scheduled; idempotent.
+    func close() {
+        let source = fdSource
+        fdSource = nil
+        source?.invalidate()
+        again?.invalidate()
+        again = nil
+        onMessage = { _ in }
+        onViolation = { _ in }
+        onCancel = {}
+        io.withLock { io in
+            io.socket?.close()
+            io.socket = nil
+            for claim in io.claims { claim.release() }
+            io.claims = []
+        }
+    }
+
+    private func sourcesCancelled() {
+        // The loop's thread ended (or the source was invalidated by `close`).
+        guard fdSource != nil else { return }
+        fdSource = nil
+        let cancel = onCancel
+        cancel()
+    }
+
+    // MARK: - The edge rule
+
+    /// Receives until ZMQ_EVENTS shows no input, `budget` messages at most; if input remains,
+    /// signals the inbox's own source so the next pass continues. Loop-only.
+    func drain() {
+        for _ in 0..<Self.budget {
+            switch receiveOne() {
+            case .none: return
+            case .message(let message): onMessage(message)
+            case .violation(let reason): onViolation(reason)
+            case .skipped: break
+            }
+        }
+        if isOpen, let loop { again?.signal(waking: loop) }
+    }
+
+    private enum Received {
+        case none, message(ZMQDecodedMessage), violation(String), skipped
+    }
+
+    /// Receives one whole multipart message (libzmq delivers all its frames at once).
+    private func receiveOne() -> Received {
+        io.withLock { io -> Received in
+            guard let socket = io.socket, socket.events.canReceive else { return .none }
+            var outcome = Received.skipped
+            while true {
+                var more = false
+                var output = ZMQMessageDecoder.Output.needMore
+                let got: Bool
+                do throws(PKError) {
+                    got = try socket.receiveFrame { bytes, hasMore in
+                        more = hasMore
+                        output = io.decoder.consume(bytes, more: hasMore)
+                    }
+                } catch {
+                    return .violation("receiving failed: \(error)")
+                }
+                guard got else { return outcome }
+                switch output {
+                case .needMore: break
+                case .message(let message): outcome = .message(message)
+                case .violation(let reason): outcome = .violation(reason)
+                }
+                if !more { return outcome }
+            }
+        }
+    }
+}
+#endif

@@ -1,0 +1,82 @@
+#if ZeroMQ
+// Reading a socket's connection events (zmq_socket_monitor) on the process's background loop:
+// how a connection learns that its peer has gone (closed, killed, or silent past the heartbeat
+// timeout). The reader ends itself when libzmq reports that monitoring stopped, which it does
+// when the monitored socket closes.
+
+import Logging
+import PortKit
+import Synchronization
+
+private let monitorCounter = Atomic<UInt64>(0)
+
+/// The reading end of one socket's monitor. Its PAIR socket belongs to the background loop's
+/// thread once `start` has handed it over.
+final class ZMQMonitor: @unchecked Sendable {
+    /// The events a connection watches.
+    static let watchedEvents = ZMQMonitorEvent.handshakeSucceeded | ZMQMonitorEvent.disconnected
+        | ZMQMonitorEvent.handshakeFailed | ZMQMonitorEvent.monitorStopped
+
+    private let socket: ZMQSocket
+    private var source: PKDescriptorSource?
+    private var handler: (@Sendable (Int32) -> Void)?
+
+    /// Starts monitoring `monitored`: binds its monitor endpoint and connects a PAIR to it.
+    /// Call before `monitored` connects, so that no event is missed.
+    init(monitoring monitored: ZMQSocket) throws(PKError) {
+        let address = "inproc://portkit-zmq-monitor-\(monitorCounter.add(1, ordering: .relaxed).newValue)"
+        try monitored.monitor(address, events: Self.watchedEvents)
+        socket = try ZMQSocket(.pair)
+        try socket.connect(address)
+    }
+
+    /// Hands the reader to the background loop; `handler` gets each event there, in order.
+    func start(_ handler: @escaping @Sendable (Int32) -> Void) {
+        PKRunLoop.background.perform(inModes: [.common]) { self.schedule(handler) }
+    }
+
+    private func schedule(_ handler: @escaping @Sendable (Int32) -> Void) {
+        self.handler = handler
+        let source = PKDescriptorSource(descriptor: socket.pollDescriptor, events: .readable) { _ in self.drain() }
+        do throws(PKError) {
+            try PKRunLoop.current.add(source, forMode: .common)
+        } catch {
+            Logger(label: "PortKitZeroMQ").error("cannot watch a ZeroMQ socket monitor: \(error)")
+            socket.close()
+            return
+        }
+        self.source = source
+        drain()
+    }
+
+    /// The edge rule: read events until `ZMQ_EVENTS` shows no input.
+    private func drain() {
+        while socket.isOpen && socket.events.canReceive {
+            var event: Int32?
+            var frames = 0
+            repeat {
+                var more = false
+                let got = (try? socket.receiveFrame { bytes, hasMore in
+                    more = hasMore
+                    if frames == 0 && bytes.count >= 2 {
+                        event = Int32(bytes.loadUnaligned(fromByteOffset: 0, as: UInt16.self))
+                    }
+                }) ?? false
+                guard got else { break }
+                frames += 1
+                if !more { break }
+            } while true
+            guard let event else { continue }
+            handler?(event)
+            if event == ZMQMonitorEvent.monitorStopped { stop(); return }
+        }
+    }
+
+    private func stop() {
+        source?.invalidate()
+        source = nil
+        handler = nil
+        socket.close()
+    }
+}
+#endif

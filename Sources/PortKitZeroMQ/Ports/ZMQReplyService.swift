@@ -1,0 +1,112 @@
+#if ZeroMQ
+// The process's reply port for requests: one PULL socket on the background loop, bound lazily
+// to one endpoint per kind of destination (an abstract `ipc://@...` for ipc destinations, a
+// `tcp://ADDRESS:*` for each local address that tcp destinations are reached from). Each
+// request gets a fresh port id there; the reply names it in its header, and the service hands
+// it to the request's waiter. A reply for an id nobody waits for any more (it came after its
+// request's deadline) is dropped.
+
+import Glibc
+import Logging
+import PortKit
+import Synchronization
+
+final class ZMQReplyService: Sendable {
+    /// Made on first use.
+    static func shared() throws(PKError) -> ZMQReplyService {
+        try sharedService.withLock { service throws(PKError) -> ZMQReplyService in
+            if let service { return service }
+            let made = try ZMQReplyService()
+            service = made
+            return made
+        }
+    }
+    private static let sharedService = Mutex<ZMQReplyService?>(nil)
+
+    private let inbox: ZMQInbox
+    private let endpoints = Mutex<[String: String]>([:])
+    private let waiters = Mutex<[UInt64: ZMQReplyWaiter]>([:])
+    private let nextID = Atomic<UInt64>(1)
+
+    private init() throws(PKError) {
+        inbox = try ZMQInbox(limits: .default)
+        let inbox = self.inbox
+        PKRunLoop.background.perform(inModes: [.common]) { [self] in
+            inbox.onMessage = { [self] message in self.deliver(message) }
+            inbox.onViolation = { reason in
+                Logger(label: "PortKitZeroMQ.replies").warning("dropped a reply: \(reason)")
+            }
+            do throws(PKError) { try inbox.schedule(on: PKRunLoop.current, forMode: .common) } catch {
+                Logger(label: "PortKitZeroMQ.replies").error("cannot schedule the reply port: \(error)")
+            }
+        }
+    }
+
+    /// The endpoint a peer at `destination` can send replies to, bound on first need.
+    func endpoint(toward destination: ZMQEndpoint) throws(PKError) -> String {
+        let key: String
+        let bindTo: ZMQEndpoint
+        switch destination {
+        case .ipc:
+            key = "ipc"
+            let random = UInt64.random(in: 0 ... .max)
+            bindTo = .ipc(path: "@portkit-zmq-reply-\(geteuid())-\(getpid())-\(String(random, radix: 16))")
+        case .tcp(let host, _):
+            guard let local = PKZMQTransport.replyHost ?? LocalAddress.toward(host: host) else {
+                throw PKError(.transport, "no local address reaches \(host) for replies; set PKZMQTransport.replyHost")
+            }
+            key = local
+            bindTo = .tcp(host: local, port: "*")
+        }
+        return try endpoints.withLock { endpoints throws(PKError) -> String in
+            if let bound = endpoints[key] { return bound }
+            let bound = try inbox.bind(bindTo)
+            endpoints[key] = bound
+            return bound
+        }
+    }
+
+    /// Registers a waiter; returns the port id its reply comes to.
+    func register(_ waiter: ZMQReplyWaiter) -> UInt64 {
+        let id = nextID.add(1, ordering: .relaxed).newValue
+        waiters.withLock { $0[id] = waiter }
+        return id
+    }
+
+    func unregister(_ id: UInt64) {
+        _ = waiters.withLock { $0.removeValue(forKey: id) }
+    }
+
+    /// On the background loop: a reply arrived.
+    private func deliver(_ decoded: ZMQDecodedMessage) {
+        guard let waiter = waiters.withLock({ $0.removeValue(forKey: decoded.destination) }) else { return }
+        waiter.finish(.reply(PKZMQMessage(decoded)))
+    }
+}
+
+/// One request's wait: filled once, from any thread, by the reply, the death of the remote
+/// port, or nothing (the caller's deadline).
+final class ZMQReplyWaiter: Sendable {
+    enum Outcome: Sendable {
+        case reply(PKZMQMessage)
+        case died(String)
+    }
+
+    private let state = Mutex<Outcome?>(nil)
+    private let wake: @Sendable () -> Void
+
+    /// `wake` runs once, on the thread that finishes the wait.
+    init(wake: @escaping @Sendable () -> Void) { self.wake = wake }
+
+    var outcome: Outcome? { state.withLock { $0 } }
+
+    func finish(_ outcome: Outcome) {
+        let first = state.withLock { state -> Bool in
+            guard state == nil else { return false }
+            state = outcome
+            return true
+        }
+        if first { wake() }
+    }
+}
+#endif

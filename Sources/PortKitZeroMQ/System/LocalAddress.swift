@@ -1,0 +1,35 @@
+#if ZeroMQ
+// Which local address a peer can reach this process at: the source address the kernel would
+// use toward that peer. A reply port and a port bound to a wildcard address are advertised
+// under it.
+
+import Glibc
+
+enum LocalAddress {
+    /// The local IPv4 address the kernel routes toward `host` (an IPv4 literal or a name), or
+    /// nil if it has none. Sends nothing: a UDP `connect` only picks the route.
+    /// The corresponding system calls are `getaddrinfo(3)`, `connect(2)` and `getsockname(2)`.
+    static func toward(host: String) -> String? {
+        var hints = addrinfo()
+        hints.ai_family = AF_INET
+        hints.ai_socktype = Int32(SOCK_DGRAM.rawValue)
+        var found: UnsafeMutablePointer<addrinfo>?
+        guard getaddrinfo(host, "9", &hints, &found) == 0, let found else { return nil }
+        defer { freeaddrinfo(found) }
+        guard let target = found.pointee.ai_addr else { return nil }
+        let fd = socket(AF_INET, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { return nil }
+        defer { _ = close(fd) }
+        guard connect(fd, target, found.pointee.ai_addrlen) == 0 else { return nil }
+        var local = sockaddr_in()
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let named = withUnsafeMutablePointer(to: &local) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        guard named == 0 else { return nil }
+        var text = [CChar](repeating: 0, count: Int(INET_ADDRSTRLEN))
+        guard inet_ntop(AF_INET, &local.sin_addr, &text, socklen_t(text.count)) != nil else { return nil }
+        return text.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
+    }
+}
+#endif
