@@ -37,6 +37,7 @@ let package = Package(
             name: "CheckinExample",
             dependencies: [
                 "PortKit",
+                "PortKitZeroMQ",  // --transport zmq; an empty module without the ZeroMQ trait
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             path: "Examples/CheckinExample",

@@ -6,7 +6,11 @@ subtracts: start-up, set-up and warm-up cancel, what remains is N round trips, b
 (both threads, or both processes) counted. Instruction counts do not depend on the machine's
 load, so this is the figure to compare between runs.
 
-    callgrind.py PKBENCH OUTDIR [--short] [--n N]
+    callgrind.py PKBENCH OUTDIR [--short] [--n N] [--kinds K1,K2,...]
+
+Kinds (pkbench rt KIND): portkit-threads, c-threads, portkit-processes, c-processes (the
+default), and for profiles portkit-threads-idle1000, portkit-request-threads,
+portkit-stream64-threads, portkit-spawn.
 
 Writes OUTDIR/callgrind.json and, for PortKit's kinds, OUTDIR/callgrind-profile-KIND.txt: the
 per-function difference between the two runs divided by N (exclusive and inclusive), that is
@@ -72,12 +76,46 @@ def demangle(names):
     return names
 
 
+# Where the runtime's own instructions go, by the exclusive cost of the functions named so.
+CATEGORIES = [
+    ("hashing (Dictionary/Set lookups: Hasher, String.hash, find)", ("Hasher", "hash(into", "RawDictionaryStorage", "_HashTable", "NativeDictionary", "NativeSet")),
+    ("reference counting (retain/release, deinit, dealloc)", ("swift_retain", "swift_release", "RefCounts", "swift_dealloc", "deallocClassInstance", "swift_arrayDestroy", "__deallocating_deinit", "swift_unknownObjectRe", "swift_bridgeObjectRe")),
+    ("allocation (malloc/free, array buffers, generic metadata)", ("malloc", "free", "_int_", "swift_slowAlloc", "swift_allocObject", "ContiguousArrayBuffer", "_allocateBuffer", "ContiguousArrayStorage", "Metadata", "MetadataCache", "GenericCacheEntry", "swift_getGeneric", "tcache", "cfree")),
+    ("exclusivity checks (swift_beginAccess/endAccess)", ("swift_beginAccess", "swift_endAccess", "AccessSet")),
+    ("thread-local storage", ("__tls_get_addr", "SwiftTLSContext", "pthread_getspecific")),
+    ("system-call wrappers (libc)", ("=epoll_wait", "=recvmsg", "=sendmsg", "=__libc_recvmsg", "=__libc_sendmsg", "=write", "=read", "=__libc_write", "=__libc_read", "=syscall", "=eventfd_write", "=send", "=recv", "=clock_gettime", "=__clock_gettime", "=epoll_ctl")),
+]
+
+
+def categorize(exclusive):
+    totals = {title: 0.0 for title, _ in CATEGORIES}
+    other = 0.0
+    for name, value in exclusive.items():
+        for title, needles in CATEGORIES:
+            bare = name.split(" [")[0]
+            if any(bare == needle[1:] if needle.startswith("=") else needle in name for needle in needles):
+                totals[title] += value
+                break
+        else:
+            other += value
+    return totals, other
+
+
 def profile(small, large, n, path, kind):
     lines = [f"# {kind}: instructions per round trip by function ((2N run - N run) / N, N = {n})", ""]
+    a, b = functions(small, False), functions(large, False)
+    exclusive = {k: (b.get(k, 0) - a.get(k, 0)) / n for k in set(a) | set(b)}
+    totals, other = categorize(exclusive)
+    lines.append("## by category (exclusive instructions of the functions so named)")
+    for title, value in sorted(totals.items(), key=lambda item: -item[1]):
+        lines.append(f"{value:10.0f}  {title}")
+    lines.append(f"{other:10.0f}  everything else (PortKit's own code, Swift stdlib algorithms, ...)")
+    lines.append(f"{sum(totals.values()) + other:10.0f}  total")
+    lines.append("")
     for inclusive in (False, True):
         a, b = functions(small, inclusive), functions(large, inclusive)
         diff = {k: (b.get(k, 0) - a.get(k, 0)) / n for k in set(a) | set(b)}
-        top = sorted(((v, k) for k, v in diff.items() if v > 0.5), reverse=True)[:40]
+        top = sorted(((v, k) for k, v in diff.items() if v > 0.5), reverse=True)[:70]
         names = demangle([k for _, k in top])
         lines.append("## " + ("inclusive (the function and everything it calls)" if inclusive else "exclusive (the function's own instructions)"))
         for (v, _), name in zip(top, names):
@@ -89,10 +127,14 @@ def profile(small, large, n, path, kind):
 
 def main():
     binary, outdir = sys.argv[1], sys.argv[2]
+    os.makedirs(outdir, exist_ok=True)
     short = "--short" in sys.argv
     n = 300 if short else 2000
     if "--n" in sys.argv:
         n = int(sys.argv[sys.argv.index("--n") + 1])
+    kinds = KINDS
+    if "--kinds" in sys.argv:
+        kinds = sys.argv[sys.argv.index("--kinds") + 1].split(",")
     if not shutil.which("valgrind"):
         print("callgrind.py: valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
         json.dump({"error": "valgrind not installed"}, open(os.path.join(outdir, "callgrind.json"), "w"))
@@ -103,7 +145,7 @@ def main():
     shutil.copy(binary, stripped)
     subprocess.run(["objcopy", "--strip-debug", stripped], check=True)
     results = {}
-    for kind in KINDS:
+    for kind in kinds:
         try:
             small, small_files = run(stripped, kind, n, workdir)
             large, large_files = run(stripped, kind, 2 * n, workdir)

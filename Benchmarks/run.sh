@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # PortKit's benchmark suite (issue #6): PortKit and every baseline in one run, one table.
+# Each comparison is measured twice: by ordo-one/benchmark (all PortKit and baseline rows, one
+# after the other), then interleaved batch by batch (`pkbench compare`), which a change in the
+# machine's load cannot bias.
 #
 #   Benchmarks/run.sh                   full run (about 5 minutes on 2 cores), table on stdout
 #   Benchmarks/run.sh --short           a few samples per row (CI: proves the suite still runs)
@@ -32,7 +35,7 @@ while [ $# -gt 0 ]; do
         --zeromq) ZEROMQ=yes ;;
         --filter) FILTER="$2"; shift ;;
         --out) OUT="$2"; shift ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
         *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -45,7 +48,7 @@ fi
 if [ "$ZEROMQ" = yes ]; then TRAITS=(--traits ZeroMQ); fi
 
 mkdir -p "$OUT"
-rm -f "$OUT"/*.influx.csv "$OUT"/extra.jsonl "$OUT"/callgrind.json "$OUT"/meta.json "$OUT"/expected.txt "$OUT"/callgrind-profile-*.txt
+rm -f "$OUT"/*.influx.csv "$OUT"/extra.jsonl "$OUT"/interleaved.jsonl "$OUT"/activity.log "$OUT"/callgrind.json "$OUT"/meta.json "$OUT"/expected.txt "$OUT"/callgrind-profile-*.txt
 
 echo "== build (release${TRAITS[*]:+, ${TRAITS[*]}})" >&2
 swift build -c release "${TRAITS[@]}" --product pkbench 2>&1 | grep -Ev "prohibited flag|^\[[0-9]+/[0-9]+\]" >&2 || true
@@ -70,6 +73,18 @@ json.dump({
 }, open(sys.argv[1], "w"))
 EOF
 
+# While the suite runs, note every 5 s the load and whether other people's builds or tests run
+# (the report says how often they did: their numbers are noisier).
+(
+    while true; do
+        others=$(ps -eo comm= | grep -cE '^(swift-frontend|swift-build|swift-test|swift-driver|clang|ld|ld.lld|ld.gold|xctest|.*PackageTests)$' || true)
+        echo "$(date +%s) $(cut -d' ' -f1 /proc/loadavg) $others"
+        sleep 5
+    done
+) > "$OUT/activity.log" 2>/dev/null &
+SAMPLER=$!
+trap 'kill $SAMPLER 2>/dev/null || true' EXIT
+
 if [ "$BENCH" = 1 ]; then
     "$PKBENCH" list > "$OUT/expected.txt"
     echo "== benchmarks (ordo-one/benchmark): $(wc -l < "$OUT/expected.txt") rows" >&2
@@ -79,6 +94,9 @@ if [ "$BENCH" = 1 ]; then
         --format influx --path "$OUT" --no-progress "${FILTER_ARGS[@]}" 2>&1 \
         | grep -Ev "prohibited flag|^\[[0-9]+/[0-9]+\]|runtime interposer|skipping LD_PRELOAD" >&2 || true
     ls "$OUT"/*.influx.csv >/dev/null 2>&1 || { echo "run.sh: the benchmark run wrote no results" >&2; exit 1; }
+
+    echo "== the same comparisons interleaved batch by batch (pkbench compare)" >&2
+    "$PKBENCH" compare > "$OUT/interleaved.jsonl" || echo "run.sh: pkbench compare failed" >&2
 
     if [ -z "$FILTER" ]; then
         echo "== memory per idle port, Foundation SocketPort (child processes)" >&2

@@ -16,7 +16,7 @@ public struct CheckinMainCommand: ParsableCommand {
         usage: """
             checkin-main [--workers <count>] [--processes <count>] [--name <name>] \
             [--wait-for-workers <count>] [--wait-timeout <seconds>] [--input <path>] [--rounds <rounds>] \
-            [--chunk-size <bytes>] [--timeout <seconds>]
+            [--chunk-size <bytes>] [--timeout <seconds>] [--transport unix|zmq] [--listen <endpoint>]
             """,
         discussion: """
             The main port is registered under --name. The first worker thread is launched as \
@@ -61,6 +61,12 @@ public struct CheckinMainCommand: ParsableCommand {
     @Option(help: ArgumentHelp("How long the work may take, in seconds.", valueName: "seconds"))
     var timeout = 60
 
+    @Option(help: ArgumentHelp("unix (named Unix sockets, the default) or zmq (ZeroMQ, for workers on other hosts; needs the ZeroMQ trait).", valueName: "transport"))
+    var transport = "unix"
+
+    @Option(help: ArgumentHelp("With --transport zmq: the endpoint to listen on (default tcp://127.0.0.1:*); workers on other hosts need tcp://ADDRESS:PORT.", valueName: "endpoint"))
+    var listen: String?
+
     /// The command with its default options (ArgumentParser fills them in).
     public init() {}
 
@@ -79,6 +85,8 @@ public struct CheckinMainCommand: ParsableCommand {
         guard rounds >= 1 else { throw ValidationError("--rounds must be at least 1") }
         guard chunkSize >= 1 else { throw ValidationError("--chunk-size must be at least 1") }
         guard timeout >= 1 else { throw ValidationError("--timeout must be at least 1") }
+        guard transport == "unix" || transport == "zmq" else { throw ValidationError("--transport must be unix or zmq") }
+        guard listen == nil || transport == "zmq" else { throw ValidationError("--listen goes with --transport zmq") }
     }
 
     /// Runs the example; on failure prints one line to standard error and exits with 1.
@@ -92,6 +100,7 @@ public struct CheckinMainCommand: ParsableCommand {
     }
 
     private func runExample() throws(ExampleFailure) {
+        if transport == "zmq" { return try runZeroMQ() }  // ZeroMQCheckin.swift
         // The work: a text cut into chunks at white space, counted `rounds` times.
         let text = try input.map { path throws(ExampleFailure) in try Corpus.read(path: path) } ?? Corpus.builtIn()
         let job = Job(text: text, chunkSize: chunkSize, rounds: rounds)

@@ -20,6 +20,12 @@ struct WorkerOptions: ParsableArguments {
     @Flag(help: "Print nothing but a failure (checkin-main passes this to the workers it spawns).")
     var quiet = false
 
+    @Option(help: ArgumentHelp("unix (find checkin-main by --name, the default) or zmq (connect to it with --connect; needs the ZeroMQ trait).", valueName: "transport"))
+    var transport = "unix"
+
+    @Option(help: ArgumentHelp("With --transport zmq (which it implies): checkin-main's --listen endpoint, tcp://HOST:PORT.", valueName: "endpoint"))
+    var connect: String?
+
     init() {}
 
     func validate() throws {
@@ -27,6 +33,8 @@ struct WorkerOptions: ParsableArguments {
             throw ValidationError("--name must be 1 to \(PortNames.maxMainLength) characters, or give --worker-name too")
         }
         guard waitTimeout >= 0 else { throw ValidationError("--wait-timeout must not be negative") }
+        guard transport == "unix" || transport == "zmq" else { throw ValidationError("--transport must be unix or zmq") }
+        guard connect != nil || transport != "zmq" else { throw ValidationError("--transport zmq goes with --connect tcp://HOST:PORT") }
     }
 }
 
@@ -55,7 +63,7 @@ public struct CheckinWorkerCommand: ParsableCommand {
 
     /// Runs the worker; on failure prints one line to standard error and exits with 1.
     public func run() throws {
-        try ProcessWorker.run(options)
+        try runWorker(options)  // ZeroMQCheckin.swift: ProcessWorker, or the ZeroMQ worker
     }
 }
 
@@ -72,6 +80,6 @@ struct WorkerRoleCommand: ParsableCommand {
     @OptionGroup var options: WorkerOptions
 
     func run() throws {
-        try ProcessWorker.run(options)
+        try runWorker(options)
     }
 }

@@ -36,6 +36,16 @@ public enum PKZMQEndpoint {
         return endpoint
     }
 
+    /// `tcp://ADDRESS:*`, where ADDRESS is the local address the kernel uses toward `endpoint`'s
+    /// host (127.0.0.1 for a local one): what to bind so that the peer at `endpoint`, and
+    /// nobody on another interface, can reach a port. `nil` for an `ipc://` endpoint or an
+    /// unreachable host.
+    public static func localTCP(toward endpoint: String) -> String? {
+        guard case .tcp(let host, _)? = try? ZMQEndpoint(parsing: endpoint),
+              let local = LocalAddress.toward(host: host == "*" ? "127.0.0.1" : host) else { return nil }
+        return "tcp://\(local):*"
+    }
+
     /// Whether PortKit accepts `endpoint` (see the type's documentation).
     public static func isValid(_ endpoint: String) -> Bool {
         (try? ZMQEndpoint(parsing: endpoint)) != nil

@@ -31,16 +31,17 @@ public var workloadFilter: String? {
     return String(cString: value)
 }
 
-private func matches(_ name: String, _ pattern: String?) -> Bool {
+/// Whether `name` matches `pattern` as a whole (as the benchmark plugin's --filter does).
+public func matches(_ name: String, _ pattern: String?) -> Bool {
     guard let pattern else { return true }
     var regex = regex_t()
-    guard regcomp(&regex, pattern, REG_EXTENDED | REG_NOSUB) == 0 else { return true }
+    guard regcomp(&regex, "^(" + pattern + ")$", REG_EXTENDED | REG_NOSUB) == 0 else { return true }
     defer { regfree(&regex) }
     return regexec(&regex, name, 0, nil, 0) == 0
 }
 
 /// The whole suite, in run order (each PortKit row next to its baselines).
-public func catalogue(short: Bool = isShortMode) -> [WorkloadSpec] {
+public func catalogue(short: Bool = isShortMode, filtered: Bool = true) -> [WorkloadSpec] {
     let rt = short ? 100 : 1000
     let stream = short ? 1000 : 10_000
     let spawn = short ? 10 : 100
@@ -94,6 +95,37 @@ public func catalogue(short: Bool = isShortMode) -> [WorkloadSpec] {
         add("lookup", "portkit-10000", p, lookup) { try PortKitNameLookup(p, names: manyNames) }
         add("lookup", "portkit-1", p, lookup) { try PortKitNameLookup(p, names: 1) }
     }
-    let filter = workloadFilter
+    let filter = filtered ? workloadFilter : nil
     return specs.filter { matches($0.name, filter) }
+}
+
+/// A comparison the report makes: PortKit's row against a baseline row, same placement.
+public struct Comparison: Sendable {
+    public let subject: WorkloadSpec
+    public let baseline: WorkloadSpec
+}
+
+/// Every comparison whose two rows are in the catalogue and one of which matches
+/// `PKBENCH_FILTER` (see report.py's RULES for the targets).
+public func comparisons(_ specs: [WorkloadSpec] = catalogue(filtered: false)) -> [Comparison] {
+    let filter = workloadFilter
+    var byName: [String: WorkloadSpec] = [:]
+    for spec in specs { byName[spec.name] = spec }
+    var result: [Comparison] = []
+    for spec in specs where spec.impl == "portkit" || spec.impl == "portkit-10000" {
+        let p = spec.placement.rawValue
+        var baselines: [String] = specs.filter { $0.workload == spec.workload && $0.placement == spec.placement && !$0.impl.hasPrefix("portkit") }.map(\.name)
+        switch spec.workload {
+        case "request.threads", "rt.threads.idle1000": baselines.append("rt.threads|portkit|\(p)")
+        case "request.processes": baselines.append("rt.processes|portkit|\(p)")
+        case "lookup": baselines.append("lookup|portkit-1|\(p)")
+        default: break
+        }
+        for name in baselines {
+            if let baseline = byName[name], matches(spec.name, filter) || matches(name, filter) {
+                result.append(Comparison(subject: spec, baseline: baseline))
+            }
+        }
+    }
+    return result
 }

@@ -11,12 +11,16 @@
 // Measurements that do not fit the benchmark harness:
 //   pkbench rt KIND N                         N round trips after 200 warm-up ones, for
 //                                             callgrind (KIND: portkit-threads, c-threads,
-//                                             portkit-processes, c-processes)
+//                                             portkit-processes, c-processes; for profiles also
+//                                             portkit-threads-idle1000, portkit-request-threads,
+//                                             portkit-stream64-threads (N messages), portkit-spawn)
 //   pkbench memory                            user-space bytes per idle port (JSON)
 //   pkbench foundation rt|stream PLACEMENT    Foundation SocketPort + RunLoop (JSON); may crash
+//   pkbench compare [REGEX]                   PortKit and its baselines interleaved batch by batch
+//                                             (JSON lines; the table's "interleaved" column)
 //   pkbench list                              the catalogue's row names (honours PKBENCH_FILTER)
 // Quick runs without the harness (median of a few samples per row; for iterating on the core):
-//   pkbench quick [REGEX] [--samples N]       every catalogue row whose name matches
+//   pkbench quick [REGEX] [--samples N]       every catalogue row whose name matches (whole)
 
 import BenchKit
 import CBench
@@ -83,6 +87,10 @@ case "rt":
         case "c-threads": workload = try CSocketpairRoundTrip(.none)
         case "portkit-processes": workload = try PortKitPair(.namedProcess, .roundTrip, .none)
         case "c-processes": workload = try CUnixSocketRoundTrip(.none)
+        case "portkit-threads-idle1000": workload = try PortKitPair(.thread, .roundTrip, .none, idlePorts: 1000)
+        case "portkit-request-threads": workload = try PortKitPair(.thread, .request, .none)
+        case "portkit-stream64-threads": workload = try PortKitPair(.thread, .stream, .none)
+        case "portkit-spawn": workload = try PortKitSpawn(.none)
         default: fail("rt: unknown kind \(argument(1))")
         }
         _ = try workload.run(200)
@@ -105,6 +113,35 @@ case "foundation":
         say("{\"workload\": \"\(argument(1))\", \"placement\": \"\(placement.rawValue)\", \"ns_per_op\": \(ns)}")
         exit(0)  // the server thread runs forever
     } catch { fail("foundation: \(error)") }
+
+case "compare":
+    // Interleaved: one batch of PortKit, one of the baseline, and again, so that a change in
+    // the machine's load hits both alike. One JSON line per comparison.
+    if arguments.count > 1 { setenv("PKBENCH_FILTER", arguments[1], 1) }
+    let budget = UInt64(isShortMode ? 200_000_000 : 2_000_000_000)
+    let maxPairs = isShortMode ? 3 : 40
+    for comparison in comparisons() {
+        let a = comparison.subject, b = comparison.baseline
+        do {
+            let wa = try a.make()
+            defer { wa.close() }
+            let wb = try b.make()
+            defer { wb.close() }
+            _ = try wa.run(a.batch)
+            _ = try wb.run(b.batch)
+            var ratios: [Double] = [], va: [Double] = [], vb: [Double] = []
+            let start = nowNanoseconds()
+            while ratios.count < maxPairs && (ratios.count < 3 || nowNanoseconds() - start < budget) {
+                let x = Double(try wa.run(a.batch)) / Double(a.batch)
+                let y = Double(try wb.run(b.batch)) / Double(b.batch)
+                va.append(x); vb.append(y); ratios.append(x / y)
+            }
+            func median(_ v: [Double]) -> Double { let s = v.sorted(); return s[s.count / 2] }
+            say("{\"subject\": \"\(a.name)\", \"baseline\": \"\(b.name)\", \"pairs\": \(ratios.count), \"subject_ns\": \(median(va)), \"baseline_ns\": \(median(vb)), \"ratio\": \(median(ratios))}")
+        } catch {
+            say("{\"subject\": \"\(a.name)\", \"baseline\": \"\(b.name)\", \"error\": \"\(error)\"}")
+        }
+    }
 
 case "list":
     for spec in catalogue() { say(spec.name) }

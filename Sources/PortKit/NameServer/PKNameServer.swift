@@ -143,4 +143,4 @@ private struct RegistryKey: Hashable, Sendable {
 }
 
 /// This process's registrations, for `unregister(name:)`.
-private let registry = Mutex<[RegistryKey: UncheckedBox<NameRegistration>]>([:])
+private let registry = PKMutex<[RegistryKey: UncheckedBox<NameRegistration>]>([:])

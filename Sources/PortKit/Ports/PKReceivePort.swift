@@ -59,7 +59,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         let mode: PKRunLoopMode
         let handler: () -> Void
     }
-    private let shared = Mutex<Shared>(Shared())
+    private let shared = PKMutex<Shared>(Shared())
 
     // Loop-only state.
     private var modes: [PKRunLoopMode] = []
@@ -96,11 +96,24 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     }
 
     deinit {
-        for connection in connections.values { connection.close() }
         for fd in shared.withLock({ $0.pendingAdoptions }) { Descriptor.close(fd) }
+        // The last reference may go on any thread (a port removed from its modes and then
+        // released elsewhere), but the connections' sources are loop-only: hand them over.
+        let closing = UncheckedBox(Array(connections.values) as [ReceiveConnection])
+        let others = UncheckedBox(companions)
+        guard !closing.value.isEmpty || !others.value.isEmpty else { return }
+        let close: @Sendable () -> Void = {
+            for connection in closing.value { connection.close() }
+            for companion in others.value { companion.invalidate() }
+        }
+        if let loop = shared.withLock({ $0.loop }), !loop.isOwnedByCurrentThread, !loop.threadEnded {
+            loop.perform(close)
+        } else {
+            close()
+        }
     }
 
-    public var description: String { "PKReceivePort(\(ObjectIdentifier(self)), \(connections.count) senders)" }
+    public var description: String { "PKReceivePort(\(ObjectIdentifier(self))\(isValid ? "" : ", invalid"))" }
 
     // MARK: - Send rights
 

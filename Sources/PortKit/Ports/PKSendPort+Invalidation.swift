@@ -1,8 +1,6 @@
 // Learning that a send right became invalid (NSPortDidBecomeInvalidNotification for a remote
 // port): a watch on the connection's hang-up, delivered on a chosen loop.
 
-import Glibc
-
 /// A registration made by `PKSendPort.watchInvalidation(on:forMode:_:)`; cancel it to stop
 /// watching. Loop-only (the loop the watch was made on).
 public final class PKInvalidationWatch: @unchecked Sendable {
@@ -61,7 +59,7 @@ extension PKSendPort {
         case .connection(let connection):
             // A loop's epoll registers a descriptor once: each watch (several watches, or a
             // watch and a request's, on one right) watches a duplicate of its own.
-            let descriptor = try SystemCall.run("fcntl(F_DUPFD_CLOEXEC)") { fcntl(connection.fd, F_DUPFD_CLOEXEC, 0) }
+            let descriptor = try Descriptor.duplicate(connection.fd)
             var watch: PKInvalidationWatch?
             let source = PKDescriptorSource(descriptor: descriptor, events: .hangUp, handler: { events in
                 guard !events.intersection([.hangUp, .error]).isEmpty else { return }

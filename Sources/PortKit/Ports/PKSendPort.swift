@@ -149,7 +149,7 @@ final class SendConnection: @unchecked Sendable {
     /// The receive port, when it lives in this process and this connection was made for it here.
     /// Set once at creation, then only read.
     private(set) weak var localReceiver: PKReceivePort?
-    private let lock = Mutex<State>(State())
+    private let lock = PKMutex<State>(State())
 
     struct State {
         var invalidReason: String?

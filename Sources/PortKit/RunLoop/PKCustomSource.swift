@@ -25,7 +25,12 @@ public final class PKCustomSource: @unchecked Sendable {
     private let performHandler: () -> Void
     private let signalled = Atomic<Bool>(false)
     private let valid = Atomic<Bool>(true)
-    weak var loop: PKRunLoop?
+    private let link = LoopLink()
+    /// The loop the source was added to.
+    var loop: PKRunLoop? {
+        get { link.loop }
+        set { link.loop = newValue }
+    }
 
     /// A custom source (`CFRunLoopSourceCreate` with a version-0 context).
     ///
@@ -49,7 +54,9 @@ public final class PKCustomSource: @unchecked Sendable {
 
     /// Marks the source as ready to perform (`CFRunLoopSourceSignal`). Safe from any thread;
     /// it does not wake the loop: call `PKRunLoop.wakeUp()` too, or use `signal(waking:)`.
-    public func signal() { signalled.store(true, ordering: .releasing) }
+    public func signal() {
+        if !signalled.exchange(true, ordering: .acquiringAndReleasing) { loop?.noteSignalled() }
+    }
 
     /// Signals the source and wakes `loop` so it performs the source promptly.
     public func signal(waking loop: PKRunLoop) {
@@ -61,7 +68,10 @@ public final class PKCustomSource: @unchecked Sendable {
     /// Safe from any thread; the loop calls `cancel` for each mode on its own thread.
     public func invalidate() {
         guard valid.exchange(false, ordering: .acquiringAndReleasing) else { return }
-        loop?.wakeUp()
+        if let loop {
+            loop.noteInvalidation()
+            loop.wakeUp()
+        }
     }
 
     func scheduled(on loop: PKRunLoop, mode: PKRunLoopMode) { scheduleHandler?(loop, mode) }

@@ -66,6 +66,7 @@ extension PKRunLoop {
         let index = items.customSources.firstIndex { $0.order > source.order } ?? items.customSources.endIndex
         items.customSources.insert(source, at: index)
         modeItems[mode] = items
+        if source.isSignalled { noteSignalled() }
         source.scheduled(on: self, mode: mode)
     }
 
@@ -257,16 +258,18 @@ extension PKRunLoop {
 
     /// Drops invalidated sources, timers and observers from `mode`, calling `cancel` routines.
     func purgeInvalid(_ mode: PKRunLoopMode) {
-        guard var items = modeItems[mode] else { return }
+        // Only when something may have been invalidated since this mode's last purge.
+        let count = invalidationCount
+        guard let purgedAt = modeItems[mode]?.purgedAt, purgedAt != count else { return }
+        modeItems[mode]!.purgedAt = count
         var cancelled: [PKCustomSource] = []
-        items.customSources.removeAll { source in
+        modeItems[mode]!.customSources.removeAll { source in
             if source.isValid { return false }
             cancelled.append(source)
             return true
         }
-        items.timers.removeAll { !$0.isValid }
-        items.observers.removeAll { !$0.isValid }
-        modeItems[mode] = items
+        modeItems[mode]!.timers.removeAll { !$0.isValid }
+        modeItems[mode]!.observers.removeAll { !$0.isValid }
         if !cancelled.isEmpty {
             commonItems.customSources.removeAll { !$0.isValid }
             for source in cancelled { source.cancelled(on: self, mode: mode) }

@@ -43,8 +43,14 @@ public final class PKRunLoop: @unchecked Sendable {
 
     // Cross-thread state.
     private let wakePending = Atomic<Bool>(false)
+    /// Set when a custom source may have been signalled since the last scan, so a pass looks at
+    /// the mode's custom sources only then (a loop with a thousand idle ports scans nothing).
+    private let signalHint = Atomic<Bool>(true)
+    /// Counts invalidations of this loop's timers, custom sources and observers, so a pass
+    /// purges a mode only when something in it may have been invalidated.
+    private let invalidations = Atomic<UInt64>(0)
     private let stopRequested = Atomic<Bool>(false)
-    private let performQueue = Mutex<[(modes: [PKRunLoopMode], block: @Sendable () -> Void)]>([])
+    private let performQueue = PKMutex<[(modes: [PKRunLoopMode], block: @Sendable () -> Void)]>([])
     private let performCount = Atomic<Int>(0)
 
     // Loop-only state.
@@ -56,7 +62,9 @@ public final class PKRunLoop: @unchecked Sendable {
     var nextToken: UInt64 = Token.firstSource
     private(set) var currentMode: PKRunLoopMode?
     private var armedTimer: UInt64?
-    private var threadEnded = false
+    private let ended = Atomic<Bool>(false)
+    /// Whether the loop's thread has ended (every item has left the loop). Safe from any thread.
+    var threadEnded: Bool { ended.load(ordering: .acquiring) }
 
     enum Token {
         static let wake: UInt64 = 0
@@ -70,7 +78,22 @@ public final class PKRunLoop: @unchecked Sendable {
         var descriptorTokens: Set<UInt64> = []
         var timers: [PKTimer] = []
         var observers: [PKRunLoopObserver] = []
+        /// The value of `invalidations` when this mode was last purged.
+        var purgedAt: UInt64 = .max
     }
+
+    /// One run's buffers for `epoll_wait`, reused by every run at that nesting depth.
+    private final class EventBuffer {
+        static let capacity: Int32 = 64
+        let events = UnsafeMutablePointer<UInt32>.allocate(capacity: Int(capacity))
+        let tokens = UnsafeMutablePointer<UInt64>.allocate(capacity: Int(capacity))
+        deinit {
+            events.deallocate()
+            tokens.deallocate()
+        }
+    }
+    private var eventBuffers: [EventBuffer] = []
+    private var runDepth = 0
 
     init(ownerThread: Int32) {
         self.threadID = ownerThread
@@ -112,6 +135,15 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     // MARK: - Cross-thread operations
+
+    /// Notes that a custom source of this loop was signalled. Safe from any thread.
+    func noteSignalled() { signalHint.store(true, ordering: .releasing) }
+
+    /// Notes that an item of this loop was invalidated. Safe from any thread.
+    func noteInvalidation() { invalidations.add(1, ordering: .releasing) }
+
+    /// The invalidation count, for `purgeInvalid`.
+    var invalidationCount: UInt64 { invalidations.load(ordering: .acquiring) }
 
     /// Wakes the loop if it sleeps, so it runs another pass (`CFRunLoopWakeUp`). Safe from any thread.
     public func wakeUp() {
@@ -162,8 +194,13 @@ public final class PKRunLoop: @unchecked Sendable {
         if isEmpty(mode) { return .finished }
         let previous = currentMode
         currentMode = mode
+        // Signalled sources of this mode may have been skipped while another mode ran.
+        signalHint.store(true, ordering: .releasing)
+        runDepth += 1
         defer {
+            runDepth -= 1
             currentMode = previous
+            signalHint.store(true, ordering: .releasing)
             // After the outermost run, stay armed for the mode just run: a loop hosted through
             // `descriptor` learns that way when its next timer is due.
             armTimer(for: previous ?? mode)
@@ -206,9 +243,11 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     private func runPasses(_ mode: PKRunLoopMode, _ deadline: PKDeadline, _ returnAfter: Bool) -> PKRunLoopRunResult {
-        let capacity: Int32 = 64
-        var readyEvents = [UInt32](repeating: 0, count: Int(capacity))
-        var readyTokens = [UInt64](repeating: 0, count: Int(capacity))
+        let capacity = EventBuffer.capacity
+        if eventBuffers.count < runDepth { eventBuffers.append(EventBuffer()) }
+        let buffer = eventBuffers[runDepth - 1]
+        let readyEvents = buffer.events
+        let readyTokens = buffer.tokens
         // A stop requested while the loop was not running ends this run before it does anything.
         if stopRequested.exchange(false, ordering: .acquiringAndReleasing) { return .stopped }
         while true {
@@ -226,11 +265,7 @@ public final class PKRunLoop: @unchecked Sendable {
             // A pass that will not sleep (something ready, or the deadline passed) does not say so.
             let sleeps = timeout != 0
             if sleeps { notifyObservers(.beforeWaiting, mode) }
-            let count = readyEvents.withUnsafeMutableBufferPointer { events in
-                readyTokens.withUnsafeMutableBufferPointer { tokens in
-                    (try? Epoll.wait(epollFD, events: events.baseAddress!, tokens: tokens.baseAddress!, capacity: capacity, timeoutMilliseconds: timeout)) ?? 0
-                }
-            }
+            let count = (try? Epoll.wait(epollFD, events: readyEvents, tokens: readyTokens, capacity: capacity, timeoutMilliseconds: timeout)) ?? 0
             if sleeps { notifyObservers(.afterWaiting, mode) }
 
             for index in 0..<count {
@@ -274,6 +309,7 @@ public final class PKRunLoop: @unchecked Sendable {
             return true
         }
         guard let items = modeItems[mode] else { return false }
+        guard signalHint.load(ordering: .acquiring) else { return false }
         return items.customSources.contains { $0.isSignalled && $0.isValid }
     }
 
@@ -300,6 +336,7 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     private func performCustomSources(_ mode: PKRunLoopMode) -> Bool {
+        guard signalHint.exchange(false, ordering: .acquiringAndReleasing) else { return false }
         guard let sources = modeItems[mode]?.customSources, !sources.isEmpty else { return false }
         var handled = false
         // `sources` is a snapshot: skip one that an earlier callback removed from the mode.
@@ -374,7 +411,7 @@ public final class PKRunLoop: @unchecked Sendable {
 
     /// Called when the owning thread ends: every item leaves the loop (ports invalidate).
     func threadDidExit() {
-        threadEnded = true
+        ended.store(true, ordering: .releasing)
         for mode in Array(modeItems.keys) {
             for source in modeItems[mode]?.customSources ?? [] { source.invalidate() }
             for timer in modeItems[mode]?.timers ?? [] { timer.invalidate() }

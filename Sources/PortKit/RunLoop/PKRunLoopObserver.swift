@@ -19,7 +19,12 @@ public final class PKRunLoopObserver: @unchecked Sendable {
 
     private let handler: (PKRunLoopObserver, PKRunLoopActivity) -> Void
     private let valid = Atomic<Bool>(true)
-    weak var loop: PKRunLoop?
+    private let link = LoopLink()
+    /// The loop the observer was added to.
+    var loop: PKRunLoop? {
+        get { link.loop }
+        set { link.loop = newValue }
+    }
 
     /// An observer (`CFRunLoopObserverCreateWithHandler`).
     ///
@@ -39,7 +44,10 @@ public final class PKRunLoopObserver: @unchecked Sendable {
     }
 
     /// Stops the observer for good and removes it from its loop. Safe from any thread.
-    public func invalidate() { valid.store(false, ordering: .releasing) }
+    public func invalidate() {
+        guard valid.exchange(false, ordering: .acquiringAndReleasing) else { return }
+        loop?.noteInvalidation()
+    }
 
     func call(_ activity: PKRunLoopActivity) {
         guard isValid, activities.contains(activity) else { return }

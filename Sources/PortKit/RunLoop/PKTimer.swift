@@ -31,7 +31,12 @@ public final class PKTimer: @unchecked Sendable {
     // Loop-only state, guarded by the owning loop's thread.
     var fireNanoseconds: UInt64
     var isFiring = false
-    weak var loop: PKRunLoop?
+    private let link = LoopLink()
+    /// The loop the timer was added to.
+    var loop: PKRunLoop? {
+        get { link.loop }
+        set { link.loop = newValue }
+    }
     private let handler: (PKTimer) -> Void
     private let valid = Atomic<Bool>(true)
 
@@ -61,7 +66,10 @@ public final class PKTimer: @unchecked Sendable {
     /// Stops the timer for good and removes it from its loop. Safe from any thread.
     public func invalidate() {
         guard valid.exchange(false, ordering: .acquiringAndReleasing) else { return }
-        loop?.wakeUp()
+        if let loop {
+            loop.noteInvalidation()
+            loop.wakeUp()
+        }
     }
 
     /// Fires the timer now, on the calling thread, without changing its schedule (`-[NSTimer fire]`).

@@ -1,73 +1,67 @@
 #if ZeroMQ
 // Learning that a ZeroMQ send right became invalid (NSPortDidBecomeInvalidNotification for a
-// remote port): a watch on its connection's death, delivered on a chosen loop.
+// remote port): the connection's death signals a custom source on the watching loop.
 
 import PortKit
 import Synchronization
 
 /// A registration made by `PKZMQSendPort.watchInvalidation(on:forMode:_:)`; cancel it to stop
-/// watching. Safe from any thread.
+/// watching.
 public final class PKZMQInvalidationWatch: Sendable {
-    private let state = Mutex<(active: Bool, connection: ZMQConnection?, token: Int?)>((true, nil, nil))
+    private let source: PKCustomSource
+    private let registration = Mutex<(connection: ZMQConnection?, token: Int?)>((nil, nil))
 
-    init() {}
+    fileprivate init(source: PKCustomSource) { self.source = source }
 
-    /// Stops watching: the handler will not be called (if it is already queued on its loop, it
-    /// is skipped there). Safe from any thread; idempotent.
+    /// Stops watching: the handler will not be called. Safe from any thread; idempotent.
     public func cancel() {
-        let (connection, token) = state.withLock { state -> (ZMQConnection?, Int?) in
-            state.active = false
-            defer { state.connection = nil }
-            return (state.connection, state.token)
+        source.invalidate()
+        let (connection, token) = registration.withLock { state in
+            defer { state = (nil, nil) }
+            return state
         }
         connection?.removeDeathHandler(token)
     }
 
     fileprivate func attach(_ connection: ZMQConnection, _ token: Int?) {
-        let stillActive = state.withLock { state -> Bool in
-            guard state.active else { return false }
-            state.connection = connection
-            state.token = token
-            return true
-        }
-        if !stillActive { connection.removeDeathHandler(token) }
+        registration.withLock { $0 = (connection, token) }
+        if !source.isValid { cancel() }
     }
-
-    /// Marks the watch fired; true only the first time, and only if not cancelled.
-    fileprivate func fire() -> Bool {
-        state.withLock { state in
-            guard state.active else { return false }
-            state.active = false
-            state.connection = nil
-            return true
-        }
-    }
-}
-
-/// A handler that is only ever called on its loop's thread.
-private struct LoopBound<T>: @unchecked Sendable {
-    let value: T
 }
 
 extension PKZMQSendPort {
-    /// Calls `handler` once on `loop`'s thread, in `mode`, when this right becomes invalid
-    /// because its connection died (the port's owner invalidated it, died, or fell silent past
-    /// the heartbeat bound). If the connection is already dead, the handler is queued at once.
-    /// Safe from any thread.
+    /// Calls `handler` once, on `loop`'s thread, when this right becomes invalid because its
+    /// connection died: the port's owner invalidated it, its process died, or it fell silent
+    /// past the heartbeat bound. If the connection is already dead, the handler runs on the
+    /// loop's next pass in `mode`. The watch is a source of `mode` until it fires or is
+    /// cancelled. Loop-only (`loop` must be the calling thread's loop).
     ///
+    /// - Parameters:
+    ///   - loop: where the handler runs; the calling thread's loop.
+    ///   - mode: the modes in which the watch is active; `.common` by default.
+    ///   - handler: called once.
+    /// - Returns: a watch to cancel.
     /// - Throws: `.invalidPort` if this right was invalidated with `invalidate()`; errors
     ///   making the connection.
+    @discardableResult
     public func watchInvalidation(
-        on loop: PKRunLoop, forMode mode: PKRunLoopMode = .default, _ handler: @escaping () -> Void
+        on loop: PKRunLoop = .current, forMode mode: PKRunLoopMode = .common, _ handler: @escaping () -> Void
     ) throws(PKError) -> PKZMQInvalidationWatch {
+        precondition(loop.isOwnedByCurrentThread, "PKZMQSendPort.watchInvalidation is loop-only: call it on the thread of the loop it watches on")
         let connection = try right.connectionEvenIfDead()
-        let watch = PKZMQInvalidationWatch()
-        let bound = LoopBound(value: handler)
-        let token = connection.onDeath { _ in
-            loop.perform(inModes: [mode]) {
-                if watch.fire() { bound.value() }
-            }
+        var fired = false
+        var sourceRef: PKCustomSource?
+        let source = PKCustomSource {
+            guard !fired else { return }
+            fired = true
+            sourceRef?.invalidate()
+            sourceRef = nil
+            handler()
         }
+        sourceRef = source
+        loop.add(source, forMode: mode)
+        let watch = PKZMQInvalidationWatch(source: source)
+        let token = connection.onDeath { _ in source.signal(waking: loop) }
         watch.attach(connection, token)
         return watch
     }

@@ -42,10 +42,16 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// A right to an address that came off the wire (already checked); connects on first use.
+    /// A right to an address that came off the wire or from a bound port (checked already);
+    /// connects on first use. An endpoint that does not parse makes a right that is invalid
+    /// from the start.
     init(address: ZMQPortAddress) {
-        // The decoder accepted the endpoint, so it parses.
-        let parsed = (try? ZMQEndpoint(parsing: address.endpoint)) ?? .ipc(path: "/")
-        right = ZMQSendRight(address: address, endpoint: parsed)
+        if let parsed = try? ZMQEndpoint(parsing: address.endpoint) {
+            right = ZMQSendRight(address: address, endpoint: parsed)
+        } else {
+            right = ZMQSendRight(address: address, endpoint: .ipc(path: "/"))
+            right.invalidate("the endpoint \(address.endpoint) is not one PortKit accepts")
+        }
     }
 
     /// Sends `message`, waiting until `deadline` for room in the receiver's queue, or for the
@@ -135,18 +141,11 @@ final class ZMQSendRight: Sendable {
     ///
     /// - Throws: `.invalidPort` if the right is invalid; errors making the connection.
     func connection() throws(PKError) -> ZMQConnection {
-        try state.withLock { state throws(PKError) -> ZMQConnection in
-            if let reason = state.invalidReason { throw PKError(.invalidPort, "cannot use the send right to \(endpoint): \(reason)") }
-            if let connection = state.connection {
-                if let reason = connection.deadReason {
-                    throw PKError(.invalidPort, "cannot use the send right to \(endpoint): \(reason)")
-                }
-                return connection
-            }
-            let connection = try ZMQConnectionCache.shared.connection(to: endpoint)
-            state.connection = connection
-            return connection
+        let connection = try connectionEvenIfDead()
+        if let reason = connection.deadReason {
+            throw PKError(.invalidPort, "cannot use the send right to \(endpoint): \(reason)")
         }
+        return connection
     }
 
     /// The connection, made on first use, even if it has died since (to watch for its death).

@@ -26,6 +26,7 @@ final class ZMQConnection: @unchecked Sendable {
         var established = false
         var deadReason: String?
         var deathHandlers: [Int: @Sendable (String) -> Void] = [:]
+        var establishedHandlers: [@Sendable (Bool) -> Void] = []
         var nextToken = 0
     }
 
@@ -88,6 +89,19 @@ final class ZMQConnection: @unchecked Sendable {
         return token
     }
 
+    /// Runs `handler` once: with true when the ZMTP handshake succeeds (at once if it has),
+    /// with false if the connection dies first. It runs on the background loop's thread, or on
+    /// this one.
+    func onEstablished(_ handler: @escaping @Sendable (Bool) -> Void) {
+        let now = state.withLock { state -> Bool? in
+            if state.established { return true }
+            if state.deadReason != nil { return false }
+            state.establishedHandlers.append(handler)
+            return nil
+        }
+        if let now { handler(now) }
+    }
+
     func removeDeathHandler(_ token: Int?) {
         guard let token else { return }
         _ = state.withLock { $0.deathHandlers.removeValue(forKey: token) }
@@ -95,25 +109,35 @@ final class ZMQConnection: @unchecked Sendable {
 
     /// Kills the connection: wakes a waiting sender, closes the socket, runs the death handlers.
     func die(_ reason: String) {
-        let handlers = state.withLock { state -> [@Sendable (String) -> Void] in
-            guard state.deadReason == nil else { return [] }
+        let (handlers, waiting) = state.withLock { state -> ([@Sendable (String) -> Void], [@Sendable (Bool) -> Void]) in
+            guard state.deadReason == nil else { return ([], []) }
             state.deadReason = reason
-            defer { state.deathHandlers = [:] }
-            return Array(state.deathHandlers.values)
+            defer {
+                state.deathHandlers = [:]
+                state.establishedHandlers = []
+            }
+            return (Array(state.deathHandlers.values), state.establishedHandlers)
         }
         interrupt.signal()
         socket.withLock { socket in
+            try? socket?.setOption(ZMQOption.linger, 0)
             socket?.close()
             socket = nil
         }
         ZMQConnectionCache.shared.forget(self)
+        for handler in waiting { handler(false) }
         for handler in handlers { handler(reason) }
     }
 
     private func monitorReported(_ event: Int32) {
         switch event {
         case ZMQMonitorEvent.handshakeSucceeded:
-            state.withLock { $0.established = true }
+            let waiting = state.withLock { state -> [@Sendable (Bool) -> Void] in
+                state.established = true
+                defer { state.establishedHandlers = [] }
+                return state.establishedHandlers
+            }
+            for handler in waiting { handler(true) }
         case ZMQMonitorEvent.disconnected:
             if isEstablished { die("the port at \(endpoint) is gone (its connection closed, or its heartbeat stopped)") }
         case let failed where failed & ZMQMonitorEvent.handshakeFailed != 0:

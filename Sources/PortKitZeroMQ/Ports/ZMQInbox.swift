@@ -22,19 +22,35 @@ final class ZMQInbox: @unchecked Sendable {
     static let budget = 64
 
     let limits: ZMQWireLimits
-    private let io: Mutex<IO>
+    private let io: LockedIO
     private let descriptor: Int32
 
     private struct IO {
         var socket: ZMQSocket?
         var decoder: ZMQMessageDecoder
         var claims: [EndpointClaim] = []
+
+        /// Closes the socket and releases the claims; idempotent.
+        mutating func close() {
+            socket?.close()
+            socket = nil
+            for claim in claims { claim.release() }
+            claims = []
+        }
+    }
+
+    /// The socket, its decoder and its claims, under one lock; a class so that a close
+    /// deferred to the loop's thread can hold it after the inbox is gone.
+    private final class LockedIO: Sendable {
+        let mutex: Mutex<IO>
+        init(_ io: consuming sending IO) { mutex = Mutex(io) }
     }
 
     // Loop-only state.
     private var fdSource: PKDescriptorSource?
     private var again: PKCustomSource?
     private weak var loop: PKRunLoop?
+    private var modes: Set<PKRunLoopMode> = []
     /// Called on the loop with each valid message, and with the reason of each dropped one.
     var onMessage: (ZMQDecodedMessage) -> Void = { _ in }
     var onViolation: (String) -> Void = { _ in }
@@ -45,7 +61,7 @@ final class ZMQInbox: @unchecked Sendable {
         let socket = try ZMQSocket.receiving(limits: limits)
         self.limits = ZMQWireLimits(limits)
         descriptor = socket.pollDescriptor
-        io = Mutex(IO(socket: socket, decoder: ZMQMessageDecoder(limits: ZMQWireLimits(limits))))
+        io = LockedIO(IO(socket: socket, decoder: ZMQMessageDecoder(limits: ZMQWireLimits(limits))))
     }
 
     /// Binds `endpoint` (an `ipc://` path under its lock first) and returns the endpoint
@@ -55,7 +71,7 @@ final class ZMQInbox: @unchecked Sendable {
     ///   `.invalidPort` if the inbox is closed; `.system`.
     func bind(_ endpoint: ZMQEndpoint) throws(PKError) -> String {
         let claim = try endpoint.socketFile.map { path throws(PKError) in try EndpointClaim(socketPath: path) }
-        return try io.withLock { io throws(PKError) -> String in
+        return try io.mutex.withLock { io throws(PKError) -> String in
             guard let socket = io.socket else {
                 claim?.release()
                 throw PKError(.invalidPort, "cannot bind \(endpoint): the port was invalidated")
@@ -73,7 +89,7 @@ final class ZMQInbox: @unchecked Sendable {
         }
     }
 
-    var isOpen: Bool { io.withLock { $0.socket != nil } }
+    var isOpen: Bool { io.mutex.withLock { $0.socket != nil } }
 
     // MARK: - Scheduling (loop-only)
 
@@ -93,6 +109,7 @@ final class ZMQInbox: @unchecked Sendable {
         self.loop = loop
         try loop.add(fdSource!, forMode: mode)
         loop.add(again!, forMode: mode)
+        modes.insert(mode)
         // Messages may have arrived (and consumed the edge) before the socket was watched.
         again!.signal(waking: loop)
     }
@@ -102,25 +119,33 @@ final class ZMQInbox: @unchecked Sendable {
         guard let loop, let fdSource, let again else { return }
         loop.remove(fdSource, forMode: mode)
         loop.remove(again, forMode: mode)
+        modes.remove(mode)
     }
 
-    /// Stops watching and closes the socket, releasing `ipc://` claims. Loop-only once
-    /// scheduled; idempotent.
+    /// Stops watching and closes the socket, releasing `ipc://` claims; idempotent. On the
+    /// loop's thread (or before the inbox was scheduled, or after its loop is gone) it happens
+    /// now; from another thread it is queued on the loop, because epoll must stop watching
+    /// ZMQ_FD before the socket that owns it closes.
     func close() {
         let source = fdSource
         fdSource = nil
-        source?.invalidate()
-        again?.invalidate()
-        again = nil
+        let again = self.again
+        self.again = nil
         onMessage = { _ in }
         onViolation = { _ in }
         onCancel = {}
-        io.withLock { io in
-            io.socket?.close()
-            io.socket = nil
-            for claim in io.claims { claim.release() }
-            io.claims = []
+        let io = self.io
+        if let loop, source != nil, !loop.isOwnedByCurrentThread {
+            loop.perform(inModes: [.common] + Array(modes)) {
+                source?.invalidate()
+                again?.invalidate()
+                io.mutex.withLock { $0.close() }
+            }
+            return
         }
+        source?.invalidate()
+        again?.invalidate()
+        io.mutex.withLock { $0.close() }
     }
 
     private func sourcesCancelled() {
@@ -153,7 +178,7 @@ final class ZMQInbox: @unchecked Sendable {
 
     /// Receives one whole multipart message (libzmq delivers all its frames at once).
     private func receiveOne() -> Received {
-        io.withLock { io -> Received in
+        io.mutex.withLock { io -> Received in
             guard let socket = io.socket, socket.events.canReceive else { return .none }
             var outcome = Received.skipped
             while true {

@@ -16,11 +16,17 @@ extension ZMQSocket {
         return socket
     }
 
+    /// How long a connection that closes while alive (its last send right is gone) keeps
+    /// delivering the messages already queued: a send that succeeded is never dropped just
+    /// because its right was released. A dead connection closes with linger 0.
+    static let closingLinger: Int32 = 2000
+
     /// A PUSH socket for the connection behind send rights: `ZMQ_SNDHWM` from
     /// `maxQueuedMessages`, `ZMQ_IMMEDIATE` (a message waits for a live connection instead of
-    /// queueing toward a peer that is not there), heartbeats.
+    /// queueing toward a peer that is not there), `ZMQ_LINGER` `closingLinger`, heartbeats.
     static func sending(limits: PKPortLimits) throws(PKError) -> ZMQSocket {
         let socket = try ZMQSocket(.push)
+        try socket.setOption(ZMQOption.linger, closingLinger)
         try socket.setOption(ZMQOption.sendHighWaterMark, Int32(clamping: limits.maxQueuedMessages))
         try socket.setOption(ZMQOption.immediate, 1)
         try socket.setOption(ZMQOption.reconnectInterval, 100)

@@ -9,8 +9,8 @@ import CZeroMQ
 import Glibc
 import PortKit
 
-/// The process's one ZeroMQ context, made on first use and never terminated: sockets are
-/// closed with `ZMQ_LINGER` 0, and the context's I/O thread ends with the process.
+/// The process's one ZeroMQ context, made on first use and never terminated (its I/O thread
+/// ends with the process): a socket's linger bounds how long it outlives its close.
 final class ZMQContext: @unchecked Sendable {
     static let shared = ZMQContext()
 
@@ -81,7 +81,8 @@ final class ZMQSocket {
     private var handle: UnsafeMutableRawPointer?
     let type: ZMQSocketType
 
-    /// A new socket with `ZMQ_LINGER` 0: closing it drops unsent messages at once.
+    /// A new socket with `ZMQ_LINGER` 0: closing it drops unsent messages at once (a sending
+    /// socket sets its own linger afterwards).
     /// The corresponding call is `zmq_socket(3)`.
     init(_ type: ZMQSocketType) throws(PKError) {
         guard let handle = zmq_socket(ZMQContext.shared.handle, type.rawValue) else {
@@ -253,6 +254,7 @@ enum ZMQOption {
     static let sendHighWaterMark = ZMQ_SNDHWM
     static let receiveHighWaterMark = ZMQ_RCVHWM
     static let maxMessageSize = ZMQ_MAXMSGSIZE
+    static let linger = ZMQ_LINGER
     static let immediate = ZMQ_IMMEDIATE
     static let heartbeatInterval = ZMQ_HEARTBEAT_IVL
     static let heartbeatTimeout = ZMQ_HEARTBEAT_TIMEOUT

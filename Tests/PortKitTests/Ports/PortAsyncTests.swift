@@ -28,8 +28,14 @@ func withDeadline<R: Sendable>(
         let port = PKReceivePort()
         let right = port.makeSendRight()
         let count = 500
+        let sendFailures = Locked<[String]>([])
         let sender = TestThread {
-            for id in 0..<count { try? right.send(PKPortMessage(msgid: UInt32(id), data: [UInt8(truncatingIfNeeded: id)]), timeout: .seconds(10)) }
+            // The consumer may be slow to start (the concurrency pool is shared): wait for room.
+            for id in 0..<count {
+                do { try right.send(PKPortMessage(msgid: UInt32(id), data: [UInt8(truncatingIfNeeded: id)]), timeout: patience(.seconds(30))) } catch {
+                    sendFailures.withLock { $0.append("\(id): \(error)") }
+                }
+            }
         }
         let ids = try await withDeadline(.seconds(30), "\(count) messages") {
             var ids: [UInt32] = []
@@ -42,6 +48,7 @@ func withDeadline<R: Sendable>(
         }
         #expect(ids == (0..<UInt32(count)).map { $0 })
         try sender.joinPatiently()
+        #expect(sendFailures.value.isEmpty)
         try waitPatiently("the port to be invalidated when the iteration ended") { !port.isValid }
         #expect(!right.isValid)
     }
@@ -52,7 +59,7 @@ func withDeadline<R: Sendable>(
         let stream = try port.messages()
         let right = port.makeSendRight()
         let sender = TestThread {
-            for id in UInt32(0)..<3 { try? right.send(PKPortMessage(msgid: id), timeout: .seconds(10)) }
+            for id in UInt32(0)..<3 { try? right.send(PKPortMessage(msgid: id), timeout: patience(.seconds(30))) }
         }
         let ids = try await withDeadline(.seconds(30), "the sequence to finish") {
             var ids: [UInt32] = []
@@ -80,7 +87,7 @@ func withDeadline<R: Sendable>(
         let right = port.makeSendRight()
         let count = 300
         let sender = TestThread {
-            for id in 0..<count { try? right.send(PKPortMessage(msgid: UInt32(id)), timeout: .seconds(10)) }
+            for id in 0..<count { try? right.send(PKPortMessage(msgid: UInt32(id)), timeout: patience(.seconds(30))) }
         }
         try sender.joinPatiently()
         try waitPatiently("\(count) messages on the queue") { got.value.count == count }

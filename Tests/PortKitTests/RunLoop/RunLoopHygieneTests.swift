@@ -75,21 +75,24 @@ extension RunLoopTests {
             try descriptorHeavyTests.withLock { _ in
                 try TestThread { _ = PKRunLoop.current }.join()  // first-use set-up out of the count
                 let before = openDescriptorCount()
-                let loops = Locked<[WeakLoop]>([])
+                // Eight threads at a time, each handing back a weak reference to its loop.
+                var loops: [WeakLoop] = []
                 for _ in 0..<125 {
-                    let threads = (0..<8).map { _ in
+                    let latches = (0..<8).map { _ in TestLatch<WeakLoop>() }
+                    let threads = latches.map { latch in
                         TestThread(name: "short-lived-loop") {
                             let loop = PKRunLoop.current
                             keepAlive(loop, "short-lived")
                             loop.scheduleTimer(after: .seconds(60), forMode: "short-lived") { _ in }
                             loop.runOnePass(in: "short-lived")
-                            loops.withLock { $0.append(WeakLoop(loop)) }
+                            latch.set(WeakLoop(loop))
                         }
                     }
                     for thread in threads { try thread.join() }
+                    for latch in latches { loops.append(try latch.wait()) }
                 }
-                #expect(loops.value.count == 1_000)
-                try waitUntil("every loop released", timeout: .seconds(20)) { loops.value.allSatisfy { $0.loop == nil } }
+                #expect(loops.count == 1_000)
+                try waitUntil("every loop released", timeout: .seconds(20)) { loops.allSatisfy { $0.loop == nil } }
                 let after = settledDescriptorCount(atMost: before + descriptorSlack)
                 #expect(after <= before + descriptorSlack, "before \(before), after \(after)")
             }

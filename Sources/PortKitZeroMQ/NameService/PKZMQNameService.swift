@@ -1,0 +1,64 @@
+#if ZeroMQ
+// The name service's client: register, look up and unregister names at a PKZMQNameServer,
+// from any process on any host that reaches it.
+
+import PortKit
+
+/// A client of a `PKZMQNameServer` (`NSPortNameServer` across hosts).
+///
+/// Every call is a request to the server (`PKZMQSendPort.sendRequest`), so it runs the calling
+/// thread's run loop in a private mode while it waits. Safe from any thread.
+public struct PKZMQNameService: Sendable {
+    /// Where the server is.
+    public let endpoint: String
+    private let server: PKZMQSendPort
+
+    /// A client of the server at `endpoint`.
+    ///
+    /// - Throws: `.badName` for an endpoint PortKit does not accept.
+    public init(endpoint: String) throws(PKError) {
+        self.endpoint = endpoint
+        server = try PKZMQSendPort(connectingTo: endpoint)
+    }
+
+    /// Registers `port` under `name`. Returns once the server has connected to the port: from
+    /// then on, the name lasts until `unregister`, the port's invalidation, or its owner's death
+    /// or silence (the server's heartbeats stop being answered).
+    ///
+    /// - Throws: `.nameInUse` (a live owner holds the name), `.badName`, `.transport` (the server
+    ///   could not reach the port), `.sendTimedOut`/`.receiveTimedOut` (no server answered).
+    public func register(_ port: PKZMQSendPort, name: String, timeout: Duration = .seconds(10)) throws(PKError) {
+        try PKZMQEndpoint.validate(name: name)
+        let request = PKZMQMessage(msgid: ZMQNameProtocol.register, components: [.data(Array(name.utf8)), .port(port)])
+        let reply = try server.sendRequest(request, sendTimeout: timeout, receiveTimeout: timeout)
+        _ = try ZMQNameProtocol.check(reply, name: name, service: endpoint)
+    }
+
+    /// Registers a receive port under `name` (its `makeSendRight()`).
+    public func register(_ port: PKZMQReceivePort, name: String, timeout: Duration = .seconds(10)) throws(PKError) {
+        try register(port.makeSendRight(), name: name, timeout: timeout)
+    }
+
+    /// The port registered as `name` (`-[NSPortNameServer portForName:host:]`).
+    ///
+    /// - Throws: `.nameNotFound`, `.badName`, `.sendTimedOut`/`.receiveTimedOut`.
+    public func lookUp(_ name: String, timeout: Duration = .seconds(5)) throws(PKError) -> PKZMQSendPort {
+        try PKZMQEndpoint.validate(name: name)
+        let request = PKZMQMessage(msgid: ZMQNameProtocol.lookUp, components: [.data(Array(name.utf8))])
+        let reply = try server.sendRequest(request, sendTimeout: timeout, receiveTimeout: timeout)
+        guard let port = try ZMQNameProtocol.check(reply, name: name, service: endpoint) else {
+            throw PKError(.protocolViolation, "the name service at \(endpoint) answered a lookup without a port")
+        }
+        return port
+    }
+
+    /// Removes `name`, if `port` holds it.
+    ///
+    /// - Throws: `.nameNotFound` if `port` does not hold `name`; timeouts as above.
+    public func unregister(name: String, port: PKZMQSendPort, timeout: Duration = .seconds(5)) throws(PKError) {
+        let request = PKZMQMessage(msgid: ZMQNameProtocol.unregister, components: [.data(Array(name.utf8)), .port(port)])
+        let reply = try server.sendRequest(request, sendTimeout: timeout, receiveTimeout: timeout)
+        _ = try ZMQNameProtocol.check(reply, name: name, service: endpoint)
+    }
+}
+#endif

@@ -1,0 +1,64 @@
+#if ZeroMQ
+// The name service's requests and replies (protocol.md 10.10): port messages with fixed
+// msgids, a name as a data component, a port as a port component, and a one-byte status.
+
+import PortKit
+
+enum ZMQNameProtocol {
+    static let register: UInt32 = 1
+    static let lookUp: UInt32 = 2
+    static let unregister: UInt32 = 3
+
+    /// The one-byte status that starts every reply.
+    enum Status: UInt8, Sendable {
+        case ok = 0
+        case nameInUse = 1
+        case nameNotFound = 2
+        case badName = 3
+        /// The service could not connect to the port within its registration timeout.
+        case unreachable = 4
+        case badRequest = 5
+    }
+
+    /// A request as the service reads it.
+    enum Request {
+        case register(name: String, port: PKZMQSendPort)
+        case lookUp(name: String)
+        case unregister(name: String, port: PKZMQSendPort)
+    }
+
+    /// Reads a request: REGISTER and UNREGISTER are [name, port], LOOKUP is [name]; anything
+    /// else is nil.
+    static func request(_ message: PKZMQMessage) -> Request? {
+        guard let nameBytes = message.components.first?.data,
+              let name = String(validating: nameBytes, as: UTF8.self) else { return nil }
+        switch (message.msgid, message.components.count) {
+        case (register, 2): return message.components[1].port.map { .register(name: name, port: $0) }
+        case (unregister, 2): return message.components[1].port.map { .unregister(name: name, port: $0) }
+        case (lookUp, 1): return .lookUp(name: name)
+        default: return nil
+        }
+    }
+
+    static func reply(to msgid: UInt32, _ status: Status, port: PKZMQSendPort? = nil) -> PKZMQMessage {
+        var components: [PKZMQComponent] = [.data([status.rawValue])]
+        if let port { components.append(.port(port)) }
+        return PKZMQMessage(msgid: msgid, components: components)
+    }
+
+    /// Turns a reply into its port (for a lookup) or an error.
+    static func check(_ reply: PKZMQMessage?, name: String, service: String) throws(PKError) -> PKZMQSendPort? {
+        guard let reply, let byte = reply.components.first?.data?.first, let status = Status(rawValue: byte) else {
+            throw PKError(.protocolViolation, "the name service at \(service) sent a reply PortKit cannot read")
+        }
+        switch status {
+        case .ok: return reply.components.count > 1 ? reply.components[1].port : nil
+        case .nameInUse: throw PKError(.nameInUse, "the name \"\(name)\" is registered at \(service) by a live owner")
+        case .nameNotFound: throw PKError(.nameNotFound, "no port is registered as \"\(name)\" at \(service)")
+        case .badName: throw PKError(.badName, "the name service at \(service) refused the name \"\(name)\"")
+        case .unreachable: throw PKError(.transport, "the name service at \(service) could not reach the port registered as \"\(name)\"")
+        case .badRequest: throw PKError(.protocolViolation, "the name service at \(service) could not read the request")
+        }
+    }
+}
+#endif

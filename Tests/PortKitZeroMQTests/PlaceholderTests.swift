@@ -1,5 +1,0 @@
-#if ZeroMQ
-import Testing
-import PortKitZeroMQ
-@Test func zeroMQVersion() { #expect(pkzVersion() == 4) }
-#endif

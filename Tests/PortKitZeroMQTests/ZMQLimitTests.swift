@@ -1,0 +1,88 @@
+#if ZeroMQ
+// What a port accepts: an oversized frame costs its sender the connection, a message breaking
+// another rule is dropped and reported, and neither harms the port or its other senders.
+
+import Testing
+import PortKit
+import PortKitZeroMQ
+
+@Suite struct ZMQLimitTests {
+    static var smallLimits: PKPortLimits {
+        var limits = PKPortLimits()
+        limits.maxMessageBytes = 1024
+        limits.maxComponents = 8
+        limits.maxDescriptors = 2
+        return limits
+    }
+
+    @Test func oversizedFrameDropsItsSenderAndNobodyElse() throws {
+        try onLoopThread { loop in
+            var received: [UInt32] = []
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*", limits: Self.smallLimits) { received.append($0.msgid) }
+            try loop.add(port, forMode: .default)
+            let good = try PKZMQSendPort(connectingTo: port.endpoint)
+            try good.send(PKZMQMessage(msgid: 1, data: [UInt8](repeating: 1, count: 1024)), timeout: .seconds(5))
+            try run(loop, until: "the first good message") { received == [1] }
+
+            let bad = try RawZMQSocket(pushingTo: port.endpoint)
+            #expect(bad.waitForEvent(RawZMQSocket.handshakeSucceeded))
+            try bad.send(handMadeFrames(msgid: 666, data: [[UInt8](repeating: 0xEE, count: 2000)]))
+            // libzmq (ZMQ_MAXMSGSIZE) closes the offender's connection; the loop keeps serving.
+            let deadline = PKDeadline.after(.seconds(10))
+            var dropped = false
+            while !dropped && !deadline.hasPassed {
+                loop.run(in: .default, until: .after(.milliseconds(20)))
+                dropped = bad.waitForEvent(RawZMQSocket.disconnected, timeout: .milliseconds(1))
+            }
+            #expect(dropped, "the oversized sender's connection was not dropped")
+
+            try good.send(PKZMQMessage(msgid: 2), timeout: .seconds(5))
+            try run(loop, until: "the second good message") { received == [1, 2] }
+            #expect(port.isValid && good.isValid)
+            port.invalidate()
+        }
+    }
+
+    @Test func messageOverALimitIsDroppedAndReported() throws {
+        try onLoopThread { loop in
+            var received: [UInt32] = []
+            var violations: [String] = []
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*", limits: Self.smallLimits) { received.append($0.msgid) }
+            port.onProtocolViolation = { error in
+                #expect(error.code == .protocolViolation)
+                violations.append(error.message)
+            }
+            try loop.add(port, forMode: .default)
+            let raw = try RawZMQSocket(pushingTo: port.endpoint)
+            let bad: [[[UInt8]]] = [
+                handMadeFrames(msgid: 10, data: [[UInt8](repeating: 1, count: 600), [UInt8](repeating: 2, count: 600)]),  // 1200 bytes
+                handMadeFrames(msgid: 11, data: Array(repeating: [], count: 9)),                    // 9 components
+                handMadeFrames(msgid: 12, data: [], destination: 5),                                 // not port id 0
+                [Array("PKZX".utf8) + [UInt8](repeating: 0, count: 20)],                             // bad magic
+                Array(handMadeFrames(msgid: 13, data: [[1], [2]]).dropLast()),                       // ends early
+                handMadeFrames(msgid: 14, data: [[1]]) + [[1, 9]],                                   // extra frame
+                handMadeFrames(msgid: 15, data: [[1]], reply: ("http://example.com:80", 1)),         // bad endpoint
+                [handMadeFrames(msgid: 16, data: [])[0], [7, 7, 7]].map { $0 },                      // count 0 yet more
+            ]
+            for frames in bad { try raw.send(frames) }
+            try raw.send(handMadeFrames(msgid: 17, data: [Array("fine".utf8)], reply: ("tcp://127.0.0.1:9", 3)))
+            try run(loop, until: "the valid message after the bad ones") { received.contains(17) }
+            #expect(received == [17])
+            #expect(violations.count == bad.count, "\(violations)")
+            port.invalidate()
+        }
+    }
+
+    @Test func senderRefusesAMessageOverTheLimits() throws {
+        let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")
+        let right = port.makeSendRight()
+        expectPKError(.limitExceeded) {
+            try right.send(PKZMQMessage(msgid: 1, data: [UInt8](repeating: 0, count: PKPortLimits.default.maxMessageBytes + 1)), timeout: .seconds(1))
+        }
+        expectPKError(.limitExceeded) {
+            try right.send(PKZMQMessage(msgid: 1, components: Array(repeating: .port(right), count: 17)), timeout: .seconds(1))
+        }
+        port.invalidate()
+    }
+}
+#endif

@@ -1,0 +1,131 @@
+#if ZeroMQ
+// Round trips and request/reply through ZeroMQ ports in one process, over tcp://127.0.0.1
+// (ephemeral ports) and ipc:// (in a private directory).
+
+import Testing
+import PortKit
+import PortKitZeroMQ
+
+@Suite struct ZMQRoundTripTests {
+    static let endpoints: [String] = ["tcp://127.0.0.1:*", "ipc"]
+
+    /// A bindable endpoint for `kind`: tcp as given, ipc in a fresh private directory.
+    static func endpoint(_ kind: String, _ directory: TemporaryDirectory, _ name: String = "port") -> String {
+        kind == "ipc" ? directory.endpoint(name) : kind
+    }
+
+    @Test(arguments: endpoints) func roundTripWithComponentsAndReplyPort(kind: String) throws {
+        let directory = TemporaryDirectory()
+        try onLoopThread { loop in
+            var received: [PKZMQMessage] = []
+            let port = try PKZMQReceivePort(bindingTo: Self.endpoint(kind, directory)) { received.append($0) }
+            try loop.add(port, forMode: .default)
+            let other = try PKZMQReceivePort(bindingTo: Self.endpoint(kind, directory, "other"))
+            #expect(!port.endpoint.hasSuffix("*"))
+
+            let right = try PKZMQSendPort(connectingTo: port.endpoint)
+            let big = [UInt8]((0..<100_000).map { UInt8(truncatingIfNeeded: $0 &* 7) })
+            let message = PKZMQMessage(
+                msgid: 42,
+                components: [.data(Array("hello".utf8)), .data([]), .port(other.makeSendRight()), .data(big)],
+                replyPort: port.makeSendRight())
+            try right.send(message, timeout: .seconds(5))
+            try right.send(PKZMQMessage(msgid: 7), timeout: .seconds(5))
+            try run(loop, until: "two messages") { received.count == 2 }
+
+            let first = received[0]
+            #expect(first.msgid == 42)
+            #expect(first.components.count == 4)
+            #expect(first.components[0].data == Array("hello".utf8))
+            #expect(first.components[1].data == [])
+            #expect(first.components[2].port?.endpoint == other.endpoint)
+            #expect(first.components[3].data == big)
+            #expect(first.replyPort == port.makeSendRight())
+            #expect(received[1].msgid == 7 && received[1].components.isEmpty && received[1].replyPort == nil)
+            port.invalidate()
+            other.invalidate()
+        }
+    }
+
+    @Test(arguments: endpoints) func requestReply(kind: String) throws {
+        let directory = TemporaryDirectory()
+        let server = try ZMQEchoServer(endpoint: Self.endpoint(kind, directory))
+        defer { server.stop() }
+        try onLoopThread { _ in
+            let right = try PKZMQSendPort(connectingTo: server.endpoint)
+            for round in UInt32(1)...20 {
+                let reply = try right.sendRequest(
+                    PKZMQMessage(msgid: round, data: Array("ping \(round)".utf8)),
+                    sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+                #expect(reply?.msgid == round)
+                #expect(reply?.text == "ping \(round)")
+            }
+            // A one-way send through the same call returns nil.
+            #expect(try right.sendRequest(PKZMQMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: nil) == nil)
+        }
+    }
+
+    @Test func asyncRequestReply() async throws {
+        let server = try ZMQEchoServer(endpoint: "tcp://127.0.0.1:*")
+        defer { server.stop() }
+        let right = try PKZMQSendPort(connectingTo: server.endpoint)
+        let reply = try await right.request(PKZMQMessage(msgid: 5, data: [1, 2, 3]), sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+        #expect(reply.msgid == 5 && reply.data == [1, 2, 3])
+    }
+
+    @Test func requestToASilentPortTimesOut() throws {
+        try onLoopThread { loop in
+            let silent = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")
+            try loop.add(silent, forMode: .default)
+            let right = silent.makeSendRight()
+            let started = PKDeadline.now
+            expectPKError(.receiveTimedOut) {
+                try right.sendRequest(PKZMQMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .milliseconds(300))
+            }
+            #expect(PKDeadline.now - started >= .milliseconds(300))
+            silent.invalidate()
+        }
+    }
+
+    @Test func sendToAnEndpointNobodyBoundTimesOut() throws {
+        let right = try PKZMQSendPort(connectingTo: "tcp://127.0.0.1:1")
+        expectPKError(.sendTimedOut) { try right.send(PKZMQMessage(msgid: 1), timeout: .milliseconds(200)) }
+        #expect(right.isValid)
+    }
+
+    @Test func invalidatingAReceivePortInvalidatesItsSendRights() throws {
+        try onLoopThread { loop in
+            var received = 0
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { _ in received += 1 }
+            try loop.add(port, forMode: .default)
+            var invalidated = 0
+            port.onInvalidation = { invalidated += 1 }
+            let right = try PKZMQSendPort(connectingTo: port.endpoint)
+            try right.send(PKZMQMessage(msgid: 1), timeout: .seconds(5))
+            try run(loop, until: "the first message") { received == 1 }
+            var watched = false
+            let watch = try right.watchInvalidation(on: loop) { watched = true }
+            port.invalidate()
+            port.invalidate()
+            #expect(invalidated == 1)
+            #expect(!port.isValid)
+            try run(loop, until: "the watch to fire") { watched }
+            #expect(!right.isValid)
+            expectPKError(.invalidPort) { try right.send(PKZMQMessage(msgid: 2), timeout: .seconds(1)) }
+            watch.cancel()
+        }
+    }
+
+    @Test func explicitlyInvalidatedRightRefusesToSend() throws {
+        let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")
+        let right = port.makeSendRight()
+        let copy = right
+        right.invalidate()
+        #expect(!copy.isValid)
+        expectPKError(.invalidPort) { try copy.send(PKZMQMessage(msgid: 1), timeout: .seconds(1)) }
+        // Another right to the same port is unaffected.
+        #expect(port.makeSendRight().isValid)
+        port.invalidate()
+    }
+}
+#endif

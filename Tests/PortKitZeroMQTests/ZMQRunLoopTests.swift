@@ -1,0 +1,174 @@
+#if ZeroMQ
+// A ZeroMQ port as a run-loop source: the ZMQ_FD edge rule (no message missed, no busy loop),
+// fairness toward other sources, modes, invalidation from other threads and at thread end,
+// and descriptor hygiene.
+
+import Testing
+import Foundation
+import PortKit
+import PortKitZeroMQ
+
+@Suite struct ZMQRunLoopTests {
+    /// Sends `count` messages (msgid = index) through `right`, then waits until `port`'s socket
+    /// must hold them all (a request on another port proves the connection delivered in order).
+    func preload(_ right: PKZMQSendPort, _ count: Int) throws {
+        for index in 0..<count { try right.send(PKZMQMessage(msgid: UInt32(index)), timeout: .seconds(10)) }
+    }
+
+    @Test func messagesThatArrivedBeforeSchedulingAreAllDelivered() throws {
+        try onLoopThread { loop in
+            var received: [UInt32] = []
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { received.append($0.msgid) }
+            // Queue well past one drain budget while nobody watches the socket: the edge that
+            // signalled them is gone by the time the port is scheduled.
+            try preload(port.makeSendRight(), 500)
+            sleepFor(.milliseconds(200))
+            try loop.add(port, forMode: .default)
+            try run(loop, until: "500 messages") { received.count == 500 }
+            #expect(received == (0..<500).map { UInt32($0) })
+            port.invalidate()
+        }
+    }
+
+    @Test func aFloodYieldsToOtherSourcesBetweenBudgets() throws {
+        try onLoopThread { loop in
+            var received = 0
+            var receivedWhenOtherRan: Int?
+            let other = PKCustomSource { receivedWhenOtherRan = received }
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { _ in
+                received += 1
+                if received == 1 { other.signal() }
+            }
+            loop.add(other, forMode: .default)
+            try preload(port.makeSendRight(), 1000)
+            sleepFor(.milliseconds(200))
+            try loop.add(port, forMode: .default)
+            try run(loop, until: "1000 messages") { received == 1000 }
+            let seen = try #require(receivedWhenOtherRan)
+            #expect(seen < 1000, "the other source ran only after the whole flood")
+            port.invalidate()
+            other.invalidate()
+        }
+    }
+
+    @Test func anIdlePortDoesNotSpinTheLoop() throws {
+        try onLoopThread { loop in
+            var received = 0
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { _ in received += 1 }
+            try loop.add(port, forMode: .default)
+            let right = port.makeSendRight()
+            try right.send(PKZMQMessage(msgid: 1), timeout: .seconds(5))
+            try run(loop, until: "the message") { received == 1 }
+            var sleeps = 0
+            let observer = PKRunLoopObserver(activities: .beforeWaiting) { _, _ in sleeps += 1 }
+            loop.add(observer, forMode: .default)
+            // 300 ms with the connection open and heartbeats flowing: a handful of wake-ups
+            // (heartbeats reach libzmq's own thread, not ours), never a spin.
+            loop.run(in: .default, until: .after(.milliseconds(300)))
+            #expect(sleeps < 20, "the loop slept \(sleeps) times in 300 ms")
+            // And a message sent after the quiet spell still arrives.
+            try right.send(PKZMQMessage(msgid: 2), timeout: .seconds(5))
+            try run(loop, until: "the second message") { received == 2 }
+            observer.invalidate()
+            port.invalidate()
+        }
+    }
+
+    @Test func aPortDeliversOnlyInItsModes() throws {
+        try onLoopThread { loop in
+            let custom = PKRunLoopMode("ZMQCustomMode")
+            var received = 0
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { _ in received += 1 }
+            try loop.add(port, forMode: custom)
+            let keepDefaultBusy = PKCustomSource {}
+            loop.add(keepDefaultBusy, forMode: .default)
+            try port.makeSendRight().send(PKZMQMessage(msgid: 1), timeout: .seconds(5))
+            loop.run(in: .default, until: .after(.milliseconds(200)))
+            #expect(received == 0)
+            try run(loop, in: custom, until: "delivery in the port's mode") { received == 1 }
+            loop.remove(port, forMode: custom)
+            try port.makeSendRight().send(PKZMQMessage(msgid: 2), timeout: .seconds(5))
+            loop.run(in: custom, until: .after(.milliseconds(200)))
+            #expect(received == 1)
+            try loop.add(port, forMode: custom)
+            try run(loop, in: custom, until: "delivery once added again") { received == 2 }
+            keepDefaultBusy.invalidate()
+            port.invalidate()
+        }
+    }
+
+    @Test func invalidationFromAnotherThreadRunsOnTheLoop() throws {
+        let invalidatedOn = Locked<Int32?>(nil)
+        let port = try onLoopThread { loop -> PKZMQReceivePort in
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")
+            try loop.add(port, forMode: .default)
+            port.onInvalidation = { invalidatedOn.value = loop.isOwnedByCurrentThread ? 1 : 0 }
+            let loopThread: Int32 = 1
+            Thread.detachNewThread { port.invalidate() }
+            try run(loop, until: "the invalidation") { invalidatedOn.value != nil }
+            #expect(invalidatedOn.value == loopThread)
+            return port
+        }
+        #expect(!port.isValid)
+    }
+
+    @Test func theEndOfTheLoopThreadInvalidatesThePortAndReleasesItsEndpoint() throws {
+        let directory = TemporaryDirectory()
+        let endpoint = directory.endpoint("thread-end")
+        let invalidated = Locked(false)
+        let port = try onLoopThread { loop -> PKZMQReceivePort in
+            let port = try PKZMQReceivePort(bindingTo: endpoint)
+            port.onInvalidation = { invalidated.value = true }
+            try loop.add(port, forMode: .default)
+            return port
+        }
+        try waitUntil("the port to be invalidated at thread end") { invalidated.value }
+        #expect(!port.isValid)
+        let again = try PKZMQReceivePort(bindingTo: endpoint)
+        again.invalidate()
+    }
+
+    /// Ports, rights, requests and dead connections: the descriptor count comes back to where
+    /// it started. Run in a child process, so that no other test's descriptors blur the count.
+    @Test func portsAndRightsLeaveNoDescriptorsBehind() async {
+        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+            var outcome = "no outcome"
+            do {
+                let kinds = ["tcp://127.0.0.1:*", "ipc://@portkit-zmq-fd-test-\(getpid())"]
+                func serveAndRequest(_ kind: String) throws {
+                    let server = try ZMQEchoServer(endpoint: kind)
+                    try onLoopThread { _ in
+                        let right = try PKZMQSendPort(connectingTo: server.endpoint)
+                        for round in UInt32(1)...3 {
+                            _ = try right.sendRequest(PKZMQMessage(msgid: round), sendTimeout: .seconds(5), receiveTimeout: .seconds(5))
+                        }
+                    }
+                    server.stop()
+                }
+                // Warm up what lives for the process: the context, the background loop, the
+                // reply service and its endpoints, the first threads' loops.
+                for kind in kinds { try serveAndRequest(kind) }
+                sleepFor(.milliseconds(500))
+                let before = openDescriptorCount()
+                for kind in kinds {
+                    for _ in 0..<10 { try serveAndRequest(kind) }
+                }
+                // Connections to the stopped servers die; their monitors end on the background loop.
+                do {
+                    try waitUntil("descriptors to return", timeout: .seconds(10)) { openDescriptorCount() <= before }
+                    outcome = "ok"
+                } catch {
+                    outcome = "descriptors before \(before), after \(openDescriptorCount()): \(describeDescriptors())"
+                }
+            } catch {
+                outcome = "\(error)"
+            }
+            print(outcome)
+            exit(outcome == "ok" ? 0 : 1)
+        }
+        if let output = result?.standardOutputContent {
+            #expect(String(decoding: output, as: UTF8.self) == "ok\n")
+        }
+    }
+}
+#endif
