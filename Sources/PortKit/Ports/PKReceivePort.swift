@@ -40,13 +40,17 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     public var isValid: Bool { shared.withLock { $0.isValid } }
 
     /// State shared with other threads.
-    private struct Shared {
+    struct Shared {
         var isValid = true
         var loop: PKRunLoop?
         /// Read ends handed over by other threads, adopted on the loop's thread.
         var pendingAdoptions: [Int32] = []
-        /// The connection behind local send rights, made on first use.
-        var localConnection: SendConnection?
+        /// Messages sent through local send rights, waiting for the loop (the in-process path).
+        var mailbox: [PKPortMessage] = []
+        var mailboxBytes = 0
+        /// Senders waiting for room in a full mailbox, and the eventfd that wakes them.
+        var waitingSenders = 0
+        var roomSignal: Int32 = -1
         var invalidationRequested = false
         /// Watches on local send rights: told when the port is invalidated.
         var watchers: [Int: Watcher] = [:]
@@ -54,17 +58,20 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     }
 
     /// A watch on a local send right; the handler runs on `loop`'s thread.
-    private struct Watcher: @unchecked Sendable {
+    struct Watcher: @unchecked Sendable {
         let loop: PKRunLoop
         let mode: PKRunLoopMode
         let handler: () -> Void
     }
-    private let shared = PKMutex<Shared>(Shared())
+    let shared = PKMutex<Shared>(Shared())
 
     // Loop-only state.
     private var modes: [PKRunLoopMode] = []
     private var connections: [ObjectIdentifier: ReceiveConnection] = [:]
-    private var adopter: PKCustomSource!
+    private(set) var adopter: PKCustomSource!
+    /// Messages taken from the mailbox, not yet delivered.
+    private var localQueue: [PKPortMessage] = []
+    private var localQueueHead = 0
     /// Sources that live and die with the port and follow its modes (a name's listener).
     private var companions: [PKDescriptorSource] = []
     /// Run when the port is invalidated, before `onInvalidation` (a name's removal).
@@ -96,7 +103,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     }
 
     deinit {
-        for fd in shared.withLock({ $0.pendingAdoptions }) { Descriptor.close(fd) }
+        let (pending, room) = shared.withLock { ($0.pendingAdoptions, $0.roomSignal) }
+        for fd in pending { Descriptor.close(fd) }
+        if room >= 0 { Descriptor.close(room) }
         // The last reference may go on any thread (a port removed from its modes and then
         // released elsewhere), but the connections' sources are loop-only: hand them over.
         let closing = UncheckedBox(Array(connections.values) as [ReceiveConnection])
@@ -123,26 +132,6 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// The right lives as long as the port; the connection behind it is made when it is first
     /// used to send, and is shared by every right `makeSendRight()` returns.
     public func makeSendRight() -> PKSendPort { PKSendPort(local: self) }
-
-    /// The connection behind local send rights.
-    func localConnection() throws(PKError) -> SendConnection {
-        let (connection, created) = try shared.withLock { state throws(PKError) -> (SendConnection, Bool) in
-            guard state.isValid else { throw PKError(.invalidPort, "cannot send: the receive port was invalidated") }
-            if let connection = state.localConnection { return (connection, false) }
-            let (readEnd, writeEnd) = try Socket.pair()
-            do throws(PKError) { try ConnectionSetup.writeGreeting(writeEnd) } catch {
-                Descriptor.close(readEnd)
-                Descriptor.close(writeEnd)
-                throw error
-            }
-            let connection = SendConnection(takingOwnershipOf: writeEnd, localReceiver: self)
-            state.localConnection = connection
-            state.pendingAdoptions.append(readEnd)
-            return (connection, true)
-        }
-        if created { adoptionQueued() }
-        return connection
-    }
 
     /// A new connection to this port, as a descriptor to attach to a message.
     func makeTransferDescriptor() throws(PKError) -> Int32 {
@@ -214,6 +203,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         for companion in companions { try loop.add(companion, forMode: mode) }
         if let greetingTimer { loop.add(greetingTimer, forMode: mode) }
         adoptPending()
+        // Messages sent in memory before the port had a loop are waiting for it.
+        if shared.withLock({ !$0.mailbox.isEmpty }) { adopter.signal(waking: loop) }
     }
 
     func unschedule(from loop: PKRunLoop, mode: PKRunLoopMode) {
@@ -329,7 +320,16 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     private func performDeferredWork() {
         if shared.withLock({ $0.invalidationRequested }) { finishInvalidation(); return }
         adoptPending()
-        deliverQueuedMessages()  // what a sender on this thread read into the queues
+        let arrived = takeMailbox()
+        if !arrived.isEmpty {
+            if localQueueHead == localQueue.count {
+                localQueue = arrived
+                localQueueHead = 0
+            } else {
+                localQueue.append(contentsOf: arrived)
+            }
+        }
+        deliverQueuedMessages()
     }
 
     private func finishInvalidation() {
@@ -338,13 +338,21 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         let kept = keptByLoop
         keptByLoop = nil
         defer { withExtendedLifetime(kept) {} }
-        let (pending, local, watchers) = shared.withLock { state in
-            defer { state.pendingAdoptions = []; state.localConnection = nil; state.watchers = [:] }
-            return (state.pendingAdoptions, state.localConnection, Array(state.watchers.values))
+        let (pending, _, watchers) = shared.withLock { state in
+            defer {
+                state.pendingAdoptions = []
+                state.watchers = [:]
+                state.mailbox = []
+                state.mailboxBytes = 0
+                // Senders waiting for room wake and find the port invalid.
+                if state.waitingSenders > 0 { EventFD.signal(state.roomSignal) }
+            }
+            return (state.pendingAdoptions, (), Array(state.watchers.values))
         }
         for watcher in watchers { Self.notify(watcher) }
         for fd in pending { Descriptor.close(fd) }
-        local?.invalidate(reason: "the receive port was invalidated")
+        localQueue = []
+        localQueueHead = 0
         let hooks = invalidationHooks
         invalidationHooks = []
         for hook in hooks { hook() }
@@ -445,7 +453,19 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         var progressed = true
         while progressed && isValid {
             progressed = false
-            for connection in Array(connections.values) where connection.hasQueuedMessages {
+            // In-process messages first, in the order they were sent, then each connection's.
+            while localQueueHead < localQueue.count {
+                let message = localQueue[localQueueHead]
+                localQueueHead += 1
+                progressed = true
+                handler(message)
+                if !isValid { return }
+            }
+            if localQueueHead > 0 && localQueueHead == localQueue.count {
+                localQueue.removeAll(keepingCapacity: true)
+                localQueueHead = 0
+            }
+            for connection in connections.values where connection.hasQueuedMessages {
                 guard let message = connection.dequeue() else { continue }
                 progressed = true
                 handler(message)
@@ -456,22 +476,6 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             connection.resumeIfDrained()
             if (connection.finished || connection.failed) && !connection.hasQueuedMessages { drop(connection) }
         }
-    }
-
-    /// Reads what every connection has waiting into its queue without delivering, to make room
-    /// for a sender on this very thread. Returns whether anything was read with room to spare
-    /// (a connection with nothing to read is no progress: the sender would retry forever).
-    func drainConnectionsIntoQueues() -> Bool {
-        var progressed = false
-        for connection in Array(connections.values) where !connection.readingPaused {
-            if case .more = connection.read(into: &readBuffer) { progressed = true }
-        }
-        // What was read waits in the queues, maybe with reading paused and so no descriptor
-        // event to come: the loop's next pass in the port's modes delivers it.
-        if connections.values.contains(where: { $0.hasQueuedMessages || $0.finished || $0.failed }) {
-            adopter.signal()
-        }
-        return progressed
     }
 
     private func drop(_ connection: ReceiveConnection) {

@@ -26,16 +26,6 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
     init(connection: SendConnection) { self.storage = .connection(connection) }
     init(local port: PKReceivePort) { self.storage = .local(port) }
 
-    /// The connection messages go through.
-    var connection: SendConnection {
-        get throws(PKError) {
-            switch storage {
-            case .connection(let connection): return connection
-            case .local(let port): return try port.localConnection()
-            }
-        }
-    }
-
     /// A descriptor to attach to a message so that its receiver gets a send right of its own.
     func makeTransferDescriptor(before deadline: PKDeadline) throws(PKError) -> Int32 {
         switch storage {
@@ -50,8 +40,9 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
     /// A message is queued whole or not at all: if the deadline passes before any of it is
     /// queued, nothing is sent. If it passes with part of a message queued, the connection is
     /// closed (the receiver discards the partial message) and this send right becomes invalid.
-    /// A sender running on the receive port's own loop thread never waits for itself: when the
-    /// queue is full there, the send fails at once.
+    /// Through a right made in this process by `makeSendRight()`, the message is handed over in
+    /// memory (its ports still become connections of the receiver's own); a sender on the port's own loop
+    /// thread never waits for itself: when the queue is full there, the send fails at once.
     ///
     /// - Parameters:
     ///   - message: the message; its ports travel as send rights to the same ports.
@@ -59,6 +50,15 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
     /// - Throws: `PKError` with `.sendTimedOut`, `.invalidPort` (the port is or became invalid),
     ///   `.limitExceeded` (the message is over the limits), or `.transport`.
     public func send(_ message: PKPortMessage, before deadline: PKDeadline) throws(PKError) {
+        let connection: SendConnection
+        switch storage {
+        case .local(let port):
+            // Within the process, the message is handed over in memory.
+            try port.enqueueLocal(message, before: deadline)
+            return
+        case .connection(let over):
+            connection = over
+        }
         var components: [WireComponent] = []
         components.reserveCapacity(message.components.count)
         for component in message.components {
@@ -146,9 +146,6 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
 /// happens under `lock`, so one message is never interleaved with another.
 final class SendConnection: @unchecked Sendable {
     let fd: Int32
-    /// The receive port, when it lives in this process and this connection was made for it here.
-    /// Set once at creation, then only read.
-    private(set) weak var localReceiver: PKReceivePort?
     private let lock = PKMutex<State>(State())
 
     struct State {
@@ -156,9 +153,8 @@ final class SendConnection: @unchecked Sendable {
     }
 
     /// Takes ownership of `fd`, a connected stream socket whose greeting was already written.
-    init(takingOwnershipOf fd: Int32, localReceiver: PKReceivePort? = nil) {
+    init(takingOwnershipOf fd: Int32) {
         self.fd = fd
-        self.localReceiver = localReceiver
     }
 
     deinit { Descriptor.close(fd) }
@@ -215,13 +211,6 @@ final class SendConnection: @unchecked Sendable {
 
     /// Waits until the socket takes more bytes, or fails the send.
     private func waitForRoom(_ state: inout State, startedMessage: Bool, deadline: PKDeadline) throws(PKError) {
-        if let receiver = localReceiver, receiver.isOwnedByCurrentThread {
-            // The receiver runs on this thread: waiting would wait for ourselves. Let it take
-            // what it can into its queue; if that makes no room, the queue is full for good.
-            if receiver.drainConnectionsIntoQueues() { return }
-            if startedMessage { markInvalid(&state, "the receiver's queue filled in the middle of a message") }
-            throw PKError(.sendTimedOut, "the receive port's queue is full and it runs on this very thread, so waiting cannot help")
-        }
         let outcome: Socket.WaitResult
         do { outcome = try Socket.waitWritable(fd, until: deadline) } catch {
             markInvalid(&state, "waiting to send failed: \(error)")
@@ -254,15 +243,11 @@ final class SendConnection: @unchecked Sendable {
         let (readEnd, writeEnd) = try Socket.pair()
         do throws(PKError) {
             try ConnectionSetup.writeGreeting(writeEnd)
-            if let receiver = localReceiver {
-                receiver.adoptFromAnyThread(readEnd)
-            } else {
-                // Ask the port's owner to adopt the read end, in order on this connection.
-                defer { Descriptor.close(readEnd) }
-                var bytes: [UInt8] = []
-                WireEncoder.append(WireFrame.attachSender(), to: &bytes)
-                try write(bytes, descriptors: [readEnd], before: deadline)
-            }
+            // Ask the port's owner to adopt the read end, in order on this connection.
+            defer { Descriptor.close(readEnd) }
+            var bytes: [UInt8] = []
+            WireEncoder.append(WireFrame.attachSender(), to: &bytes)
+            try write(bytes, descriptors: [readEnd], before: deadline)
             return writeEnd
         } catch {
             Descriptor.close(writeEnd)

@@ -208,6 +208,9 @@ public final class PKRunLoop: @unchecked Sendable {
         notifyObservers(.entry, mode)
         let result = runPasses(mode, deadline, returnAfterSourceHandled)
         notifyObservers(.exit, mode)
+        // Work that arrived during the last pass (a wake-up that found one already pending)
+        // must keep `descriptor` readable for a host that runs one pass at a time.
+        if result != .stopped && hasPendingWork(mode) { wakeUp() }
         return result
     }
 

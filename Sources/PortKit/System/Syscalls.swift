@@ -37,6 +37,9 @@ enum Descriptor {
         try SystemCall.nonBlocking("write") { Glibc.write(fd, buffer.baseAddress, buffer.count) }
     }
 
+    /// `POLLIN`, for `poll`.
+    static let readable = Int16(POLLIN)
+
     /// Waits for one descriptor. The corresponding system call is `poll(2)`.
     /// Returns the reported events, or 0 on timeout.
     static func poll(_ fd: Int32, events: Int16, timeoutMilliseconds: Int32) throws(PKError) -> Int16 {

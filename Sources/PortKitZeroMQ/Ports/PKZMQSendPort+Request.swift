@@ -22,7 +22,8 @@ extension PKZMQSendPort {
     ///   - receiveTimeout: how long to wait for the reply; `nil` sends one-way and returns `nil`.
     /// - Returns: the reply, or `nil` for a one-way send.
     /// - Throws: `.sendTimedOut`, `.receiveTimedOut`, `.invalidPort` (invalid before the request
-    ///   went out), `.portInvalidated` (the port's connection died while the caller waited),
+    ///   went out), `.portInvalidated` (the port's connection died while the caller waited, and
+    ///   no reply came within `ZMQReplyWaiter.deathGrace`, 250 ms, of its death),
     ///   `.limitExceeded`, `.transport`.
     @discardableResult
     public func sendRequest(
@@ -98,7 +99,16 @@ private struct PendingRequest {
             service.unregister(id)
             throw error
         }
-        let watch = connection.onDeath { reason in waiter.finish(.died(reason)) }
+        // A reply travels on another connection than the request, so it can arrive just after
+        // the remote port's death is noticed (a server that answers, then exits): it still
+        // wins within a short grace.
+        let watch = connection.onDeath { reason in
+            PKRunLoop.background.perform(inModes: [.common]) {
+                PKRunLoop.current.scheduleTimer(after: ZMQReplyWaiter.deathGrace, forMode: .common) { _ in
+                    waiter.finish(.died(reason))
+                }
+            }
+        }
         self.service = service
         self.id = id
         self.connection = connection

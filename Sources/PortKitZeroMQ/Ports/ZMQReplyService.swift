@@ -92,6 +92,9 @@ final class ZMQReplyWaiter: Sendable {
         case died(String)
     }
 
+    /// How long after the remote port's death a reply may still arrive and count.
+    static let deathGrace: Duration = .milliseconds(250)
+
     private let state = Mutex<Outcome?>(nil)
     private let wake: @Sendable () -> Void
 

@@ -1,0 +1,109 @@
+// The in-process path: a message sent through a local send right (`makeSendRight()`) is handed
+// over in memory, as libzmq's inproc mailbox does, with no socket, no encoding and no system call
+// unless the port's loop may be asleep (then one eventfd write wakes it). Ports in such a
+// message still become connections of the receiver's own, as across processes. Across
+// processes, and for rights received in messages, the socket stays the way (protocol.md).
+
+extension PKReceivePort {
+    /// What `enqueueLocal` found under the lock.
+    enum MailboxOutcome {
+        case queued(wake: PKRunLoop?)
+        case full(room: Int32, ownThread: Bool)
+    }
+
+    /// Queues `message` in the mailbox, waiting while it is full until `deadline`.
+    func enqueueLocal(_ message: PKPortMessage, before deadline: PKDeadline) throws(PKError) {
+        let bytes = message.dataByteCount
+        try checkLimits(message, dataBytes: bytes)
+        let message = try Self.ownRights(for: message, before: deadline)
+        while true {
+            let outcome = try shared.withLock { state throws(PKError) -> MailboxOutcome in
+                guard state.isValid else { throw PKError(.invalidPort, "cannot send: the receive port was invalidated") }
+                let roomy = state.mailbox.count < limits.maxQueuedMessages
+                    && (state.mailboxBytes + bytes <= limits.maxQueuedBytes || state.mailbox.isEmpty)
+                if roomy {
+                    state.mailbox.append(message)
+                    state.mailboxBytes += bytes
+                    // Only the first message of a batch needs to wake the loop: it takes them all.
+                    return .queued(wake: state.mailbox.count == 1 ? state.loop : nil)
+                }
+                if state.roomSignal < 0 { state.roomSignal = try EventFD.create() }
+                EventFD.drain(state.roomSignal)  // sleep until the loop next makes room
+                state.waitingSenders += 1
+                return .full(room: state.roomSignal, ownThread: state.loop?.isOwnedByCurrentThread ?? false)
+            }
+            switch outcome {
+            case .queued(let loop):
+                if let loop { adopter.signal(waking: loop) }
+                return
+            case .full(let room, let ownThread):
+                defer { shared.withLock { $0.waitingSenders -= 1 } }
+                if ownThread {
+                    throw PKError(.sendTimedOut, "the receive port's queue is full and it runs on this very thread, so waiting cannot help")
+                }
+                let timeout = deadline.pollTimeoutMilliseconds(now: monotonicNanoseconds())
+                if timeout == 0 || (try? Descriptor.poll(room, events: Descriptor.readable, timeoutMilliseconds: timeout)) == 0 {
+                    if shared.withLock({ $0.mailbox.count < limits.maxQueuedMessages && $0.isValid }) { continue }
+                    throw PKError(.sendTimedOut, "the receive port's queue stayed full until the send deadline; nothing was sent")
+                }
+            }
+        }
+    }
+
+    /// The receiver of an in-process message gets rights of its own, exactly as across
+    /// processes: each port in it becomes a new connection to that port (a Mach send right of
+    /// the receiver's), which counts as a sender and can be invalidated on its own.
+    private static func ownRights(for message: PKPortMessage, before deadline: PKDeadline) throws(PKError) -> PKPortMessage {
+        func own(_ right: PKSendPort) throws(PKError) -> PKSendPort {
+            PKSendPort(connection: SendConnection(takingOwnershipOf: try right.makeTransferDescriptor(before: deadline)))
+        }
+        var result = message
+        if let reply = message.replyPort { result.replyPort = try own(reply) }
+        guard message.components.contains(where: { $0.port != nil }) else { return result }
+        var components: [PKPortComponent] = []
+        components.reserveCapacity(message.components.count)
+        for component in message.components {
+            switch component {
+            case .data: components.append(component)
+            case .port(let right): components.append(.port(try own(right)))
+            }
+        }
+        result.components = components
+        return result
+    }
+
+    /// The limits a message through a socket would be held to, by this port's own limits.
+    private func checkLimits(_ message: PKPortMessage, dataBytes: Int) throws(PKError) {
+        let ports = message.components.reduce(message.replyPort == nil ? 0 : 1) { $0 + ($1.port == nil ? 0 : 1) }
+        if ports > limits.maxDescriptors {
+            throw PKError(.limitExceeded, "a message carries at most \(limits.maxDescriptors) ports, reply port included; this one has \(ports)")
+        }
+        if dataBytes > limits.maxMessageBytes {
+            throw PKError(.limitExceeded, "a message carries at most \(limits.maxMessageBytes) data bytes; this one has \(dataBytes)")
+        }
+        if message.components.count > limits.maxComponents {
+            throw PKError(.limitExceeded, "a message has at most \(limits.maxComponents) components; this one has \(message.components.count)")
+        }
+    }
+
+    /// Takes every message waiting in the mailbox (loop-only), and lets waiting senders retry.
+    func takeMailbox() -> [PKPortMessage] {
+        shared.withLock { state in
+            guard !state.mailbox.isEmpty else { return [] }
+            let messages = state.mailbox
+            state.mailbox = []
+            state.mailboxBytes = 0
+            if state.waitingSenders > 0 { EventFD.signal(state.roomSignal) }
+            return messages
+        }
+    }
+}
+
+extension PKPortMessage {
+    /// The bytes of all data components.
+    var dataByteCount: Int {
+        var total = 0
+        for case .data(let bytes) in components { total += bytes.count }
+        return total
+    }
+}
