@@ -3,6 +3,7 @@
 // (ephemeral ports) and ipc:// (in a private directory).
 
 import Testing
+import Glibc
 import PortKit
 import PortKitZeroMQ
 
@@ -113,6 +114,20 @@ import PortKitZeroMQ
             #expect(!right.isValid)
             expectPKError(.invalidPort) { try right.send(PKZMQMessage(msgid: 2), timeout: .seconds(1)) }
             watch.cancel()
+        }
+    }
+
+    @Test func anInvalidatedPortsEndpointIsFreeAtOnce() throws {
+        let directory = TemporaryDirectory()
+        let first = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")
+        let fixed = first.endpoint
+        for endpoint in [fixed, "ipc://@portkit-zmq-rebind-\(getpid())", directory.endpoint("rebind")] {
+            var port = endpoint == fixed ? first : try PKZMQReceivePort(bindingTo: endpoint)
+            for _ in 0..<20 {
+                port.invalidate()
+                port = try PKZMQReceivePort(bindingTo: endpoint)
+            }
+            port.invalidate()
         }
     }
 

@@ -10,12 +10,19 @@
 // the loop comes back on its next pass (other sources get their turn; the loop never sleeps
 // on a readable socket, and never spins on an empty one).
 //
+// Closing is synchronous: libzmq closes listeners on its own I/O thread, after zmq_close has
+// returned, so an endpoint would stay taken for a moment after its port was invalidated. The
+// inbox unbinds each endpoint and waits (at most a second) for its monitor to report the
+// listener closed before it closes the socket: once a port is invalid, its endpoint is free.
+//
 // Thread rules: binding may come from any thread; receiving, scheduling and closing are
 // loop-only once scheduled. The socket sits under a lock so that a bind from another thread
 // (the reply service binds endpoints lazily) never races a receive.
 
 import PortKit
 import Synchronization
+
+private let inboxCounter = Atomic<UInt64>(0)
 
 final class ZMQInbox: @unchecked Sendable {
     /// Messages handled per wake before the loop gets to run other sources.
@@ -27,15 +34,45 @@ final class ZMQInbox: @unchecked Sendable {
 
     private struct IO {
         var socket: ZMQSocket?
+        /// Reads the socket's ZMQ_EVENT_CLOSED events, to close synchronously.
+        var closedEvents: ZMQSocket?
         var decoder: ZMQMessageDecoder
         var claims: [EndpointClaim] = []
+        /// The endpoints bound, as libzmq resolved them.
+        var bound: [String] = []
 
-        /// Closes the socket and releases the claims; idempotent.
+        /// Unbinds every endpoint and waits until its listener is closed, then closes the
+        /// socket and releases the claims; idempotent.
         mutating func close() {
+            if let socket, let closedEvents {
+                var waiting = bound.filter { socket.unbind($0) }.count
+                let deadline = PKDeadline.after(.seconds(1))
+                while waiting > 0 && !deadline.hasPassed {
+                    guard closedEvents.waitReadable(timeoutMilliseconds: 10) else { continue }
+                    var event: Int32?
+                    var more = true
+                    while more {
+                        let got = (try? closedEvents.receiveFrame { bytes, hasMore in
+                            more = hasMore
+                            if event == nil && bytes.count >= 2 {
+                                event = Int32(bytes.loadUnaligned(fromByteOffset: 0, as: UInt16.self))
+                            }
+                        }) ?? false
+                        if !got { break }
+                    }
+                    if event == ZMQMonitorEvent.closed { waiting -= 1 }
+                }
+            }
+            // Stop the monitor before closing its reader: libzmq sends monitor events with a
+            // blocking send, so an event for a reader that is gone would block its I/O thread.
+            try? socket?.monitor(nil, events: 0)
             socket?.close()
             socket = nil
+            closedEvents?.close()
+            closedEvents = nil
             for claim in claims { claim.release() }
             claims = []
+            bound = []
         }
     }
 
@@ -59,9 +96,13 @@ final class ZMQInbox: @unchecked Sendable {
 
     init(limits: PKPortLimits) throws(PKError) {
         let socket = try ZMQSocket.receiving(limits: limits)
+        let address = "inproc://portkit-zmq-closed-\(inboxCounter.add(1, ordering: .relaxed).newValue)"
+        try socket.monitor(address, events: ZMQMonitorEvent.closed)
+        let closedEvents = try ZMQSocket(.pair)
+        try closedEvents.connect(address)
         self.limits = ZMQWireLimits(limits)
         descriptor = socket.pollDescriptor
-        io = LockedIO(IO(socket: socket, decoder: ZMQMessageDecoder(limits: ZMQWireLimits(limits))))
+        io = LockedIO(IO(socket: socket, closedEvents: closedEvents, decoder: ZMQMessageDecoder(limits: ZMQWireLimits(limits))))
     }
 
     /// Binds `endpoint` (an `ipc://` path under its lock first) and returns the endpoint
@@ -85,7 +126,8 @@ final class ZMQInbox: @unchecked Sendable {
                 io.claims.append(claim)
             }
             let resolved = socket.lastEndpoint
-            return resolved.isEmpty ? endpoint.description : resolved
+            io.bound.append(resolved.isEmpty ? endpoint.description : resolved)
+            return io.bound.last!
         }
     }
 

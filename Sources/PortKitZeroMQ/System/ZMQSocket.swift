@@ -177,6 +177,20 @@ final class ZMQSocket {
         }
     }
 
+    /// Stops listening on `endpoint` (a resolved endpoint, as `lastEndpoint` gave it). The
+    /// listener closes on libzmq's I/O thread, shortly after; a monitor reports
+    /// `ZMQ_EVENT_CLOSED` when it has. The corresponding call is `zmq_unbind(3)`.
+    func unbind(_ endpoint: String) -> Bool {
+        zmq_unbind(open, endpoint) == 0
+    }
+
+    /// Waits up to `timeoutMilliseconds` for a message to receive. The corresponding call is
+    /// `zmq_poll(3)`.
+    func waitReadable(timeoutMilliseconds: Int) -> Bool {
+        var item = zmq_pollitem_t(socket: open, fd: 0, events: Int16(ZMQ_POLLIN), revents: 0)
+        return zmq_poll(&item, 1, timeoutMilliseconds) > 0
+    }
+
     /// Starts connecting to `endpoint`; libzmq connects (and reconnects) in the background.
     /// The corresponding call is `zmq_connect(3)`.
     func connect(_ endpoint: String) throws(PKError) {

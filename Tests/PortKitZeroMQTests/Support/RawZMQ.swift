@@ -14,7 +14,8 @@ final class RawZMQSocket: @unchecked Sendable {
 
     private let socket: UnsafeMutableRawPointer
     private let monitor: UnsafeMutableRawPointer
-    private var seen: [Int32] = []
+    /// The monitor events seen so far, in order.
+    private(set) var seen: [Int32] = []
 
     /// A PUSH socket connected to `endpoint`, monitored.
     init(pushingTo endpoint: String) throws {
@@ -29,6 +30,9 @@ final class RawZMQSocket: @unchecked Sendable {
     }
 
     deinit {
+        // Stop monitoring first: libzmq sends monitor events with a blocking send, and an event
+        // for a closed reader would block the context's I/O thread for good.
+        zmq_socket_monitor(socket, nil, 0)
         zmq_close(socket)
         zmq_close(monitor)
     }

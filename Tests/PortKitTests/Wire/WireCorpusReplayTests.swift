@@ -1,0 +1,65 @@
+// Replays the wire fuzzer's seed corpus (Fuzz/Corpus/wire) through the same property the fuzzer
+// checks, `WireFuzzing.exercise`, on every `swift test`. A broken property traps, so a
+// regression fails the run at the input that shows it. The corpus is found from `#filePath`
+// rather than as a SwiftPM resource (and lives outside the test target, which would warn about
+// unhandled files); its seeds are written by Fuzz/make-corpus.swift, and crash inputs the fuzzer
+// finds (Fuzz/run.sh) are added as crash-* once fixed.
+
+import Foundation
+import Testing
+@testable import PortKit
+
+@Suite struct WireCorpusReplayTests {
+    /// The corpus directory: Fuzz/Corpus/wire, from Tests/PortKitTests/Wire/ (this file's folder).
+    static let corpus = URL(fileURLWithPath: #filePath)
+        .deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("Fuzz/Corpus/wire", isDirectory: true)
+
+    static func inputs() throws -> [URL] {
+        try FileManager.default.contentsOfDirectory(at: corpus, includingPropertiesForKeys: nil)
+            .filter { !$0.lastPathComponent.hasPrefix(".") }
+            .sorted { $0.lastPathComponent < $1.lastPathComponent }
+    }
+
+    @Test func corpusIsThere() throws {
+        // Guards against replaying nothing when the directory moves.
+        #expect(try Self.inputs().count >= 18)
+    }
+
+    @Test func replaysEveryInput() throws {
+        for url in try Self.inputs() {
+            let bytes = try Data(contentsOf: url)
+            bytes.withUnsafeBytes { WireFuzzing.exercise($0) }
+        }
+    }
+
+    @Test func seedsReachTheirOutcome() throws {
+        // The valid seeds must decode and the malformed ones must fail, or the corpus no
+        // longer starts the fuzzer where it is meant to.
+        let valid = ["attach-sender", "byte-by-byte", "empty-and-data-frames", "greeting-only",
+                     "ports-and-reply-port", "small-limits-at-limit", "split-in-place"]
+        for name in try Self.inputs().map(\.lastPathComponent)
+        where !name.hasPrefix("crash-") && !name.hasPrefix("gen-") {
+            let bytes = try [UInt8](Data(contentsOf: Self.corpus.appendingPathComponent(name)))
+            let failed = Self.fails(bytes)
+            #expect(failed == !valid.contains(name), "\(name): decoder \(failed ? "failed" : "succeeded")")
+        }
+    }
+
+    /// Whether the stream of a raw-mode corpus input (all at once) ends in a protocol error;
+    /// descriptors are supplied as its frames claim them, ahead of the bytes.
+    static func fails(_ input: [UInt8]) -> Bool {
+        guard let header = input.first else { return false }
+        let stream = input.dropFirst(1 + Int(header & 0x1F))
+        let limits = header & 0x40 != 0
+            ? WireLimits(maxMessageBytes: 64, maxDescriptors: 4, maxComponents: 8) : WireLimits.default
+        let descriptors = Int(input.dropFirst().prefix(Int(header & 0x1F)).reduce(0) { $0 + Int($1 >> 6) })
+        var decoder = WireDecoder(limits: limits)
+        decoder.append(descriptors: fakeDescriptors(descriptors))
+        var outcome = DecodeOutcome()
+        decoder.feed(stream, into: &outcome)
+        if outcome.error != nil { return true }
+        return (try? decoder.finish()) == nil
+    }
+}
