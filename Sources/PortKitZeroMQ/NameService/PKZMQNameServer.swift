@@ -49,6 +49,11 @@ public final class PKZMQNameServer: @unchecked Sendable {
         self.registrationTimeout = registrationTimeout
         port = try PKZMQReceivePort(bindingTo: endpoint)
         port.handler = { [unowned self] message in self.handle(message) }
+        port.onInvalidation = { [weak self] in
+            guard let self else { return }
+            for registration in names.values { end(registration) }
+            names = [:]
+        }
     }
 
     /// The names registered now, sorted. Loop-only.
@@ -56,10 +61,6 @@ public final class PKZMQNameServer: @unchecked Sendable {
 
     /// Stops serving: the port closes and every registration is forgotten. Safe from any thread.
     public func invalidate() {
-        port.onInvalidation = { [self] in
-            for registration in names.values { end(registration) }
-            names = [:]
-        }
         port.invalidate()
     }
 

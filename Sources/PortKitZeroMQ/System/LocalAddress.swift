@@ -4,12 +4,24 @@
 // under it.
 
 import Glibc
+import Synchronization
 
 enum LocalAddress {
+    /// Answers already found, by host: a name is resolved once per process.
+    private static let known = Mutex<[String: String]>([:])
+
     /// The local IPv4 address the kernel routes toward `host` (an IPv4 literal or a name), or
-    /// nil if it has none. Sends nothing: a UDP `connect` only picks the route.
-    /// The corresponding system calls are `getaddrinfo(3)`, `connect(2)` and `getsockname(2)`.
+    /// nil if it has none. Sends nothing: a UDP `connect` only picks the route. Remembered per
+    /// host for the life of the process.
     static func toward(host: String) -> String? {
+        if let address = known.withLock({ $0[host] }) { return address }
+        guard let address = lookUp(host) else { return nil }
+        known.withLock { $0[host] = address }
+        return address
+    }
+
+    /// The corresponding system calls are `getaddrinfo(3)`, `connect(2)` and `getsockname(2)`.
+    private static func lookUp(_ host: String) -> String? {
         var hints = addrinfo()
         hints.ai_family = AF_INET
         hints.ai_socktype = Int32(SOCK_DGRAM.rawValue)
