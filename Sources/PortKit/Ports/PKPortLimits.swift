@@ -20,8 +20,8 @@ public struct PKPortLimits: Sendable, Equatable {
 
     /// How long a connection accepted from a named socket has to send its greeting. Default 5 s.
     public var greetingTimeout: Duration = .seconds(5)
-    /// The most accepted connections that may wait for their greeting at once; more are closed
-    /// at once. Default 64.
+    /// The most accepted connections that may wait for their greeting at once; a new one
+    /// beyond that makes the port drop the one that has waited longest. Default 64.
     public var maxPendingGreetings: Int = 64
 
     /// The defaults.

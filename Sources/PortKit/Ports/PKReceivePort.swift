@@ -240,15 +240,17 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     func addInvalidationHook(_ hook: @escaping () -> Void) { invalidationHooks.append(hook) }
 
     /// Takes a connection accepted from a named socket. Loop-only. The peer must be the same
-    /// user, greet within the check-in timeout, and the port keeps at most
-    /// `limits.maxPendingGreetings` such connections waiting for their greeting.
+    /// user and greet within `limits.greetingTimeout`; the port keeps at most
+    /// `limits.maxPendingGreetings` connections waiting for their greeting, dropping the one
+    /// that has waited longest to make room.
     func adoptAccepted(_ fd: Int32) {
         guard let loop = runLoop, isValid else { Descriptor.close(fd); return }
-        let waiting = connections.values.reduce(0) { $0 + ($1.greetingDeadline != nil ? 1 : 0) }
-        if waiting >= limits.maxPendingGreetings {
-            logger.notice("refusing a connection: \(waiting) connections are already waiting to greet")
-            Descriptor.close(fd)
-            return
+        let waiting = connections.values.filter { $0.greetingDeadline != nil }
+        if waiting.count >= limits.maxPendingGreetings, let oldest = waiting.min(by: { $0.greetingDeadline! < $1.greetingDeadline! }) {
+            // Evict the connection that has waited longest without greeting: a real client
+            // greets at once (its greeting is already in the socket), a silent one never does.
+            logger.notice("dropping a connection that has not greeted: \(waiting.count) are waiting, the limit is \(limits.maxPendingGreetings)")
+            drop(oldest)
         }
         guard let connection = adopt(fd, on: loop, accepted: true) else { return }
         if let reason = connection.checkPeer() {

@@ -109,3 +109,43 @@ final class TemporaryNameDirectory: Sendable {
         }
     }
 }
+
+@Suite struct GreetingTimeoutTests {
+    @Test func silentConnectionsAreDroppedAndRealClientsStillServed() throws {
+        let dir = TemporaryNameDirectory()
+        let outcome = try onLoopThread { loop -> (silentClosed: [Bool], got: [UInt32], oldestEvicted: Bool) in
+            var limits = PKPortLimits()
+            limits.greetingTimeout = .milliseconds(200)
+            limits.maxPendingGreetings = 3
+            var got: [UInt32] = []
+            let port = PKReceivePort(limits: limits) { got.append($0.msgid) }
+            try loop.add(port, forMode: .default)
+            try dir.server.register(port, name: "greeter")
+            let path = dir.path + "/greeter.sock"
+            // Three connections that never greet fill the pending slots; a fourth evicts the oldest.
+            var silent: [Int32] = []
+            for _ in 0..<4 {
+                guard case .success(let fd) = Socket.connect(to: path) else { throw PeerError(description: "connect failed") }
+                silent.append(fd)
+                loop.run(in: .default, for: .milliseconds(10))
+            }
+            let oldestEvicted = Socket.peerHasHungUp(silent[0]) && !Socket.peerHasHungUp(silent[3])
+            // A real client is served meanwhile.
+            let right = try dir.server.lookUp("greeter")
+            try right.send(PKPortMessage(msgid: 5), timeout: .seconds(5))
+            // After the greeting timeout the silent ones are gone.
+            let deadline = PKDeadline.after(.seconds(10))
+            while !(silent.allSatisfy { Socket.peerHasHungUp($0) }) && !deadline.hasPassed {
+                loop.run(in: .default, for: .milliseconds(20))
+            }
+            let closed = silent.map { Socket.peerHasHungUp($0) }
+            for fd in silent { Descriptor.close(fd) }
+            while !got.contains(5) && !deadline.hasPassed { loop.run(in: .default, for: .milliseconds(20)) }
+            port.invalidate()
+            return (closed, got, oldestEvicted)
+        }
+        #expect(outcome.oldestEvicted, "a connection beyond maxPendingGreetings evicts the one that waited longest")
+        #expect(outcome.silentClosed.allSatisfy { $0 }, "silent connections are dropped at the greeting timeout")
+        #expect(outcome.got == [5], "a real client is still served")
+    }
+}
