@@ -2,7 +2,6 @@
 // Process-wide settings of the ZeroMQ transport: heartbeats, and where replies come back.
 
 import PortKit
-import Synchronization
 
 /// ZeroMQ heartbeats (ZMTP 3.1 PING/PONG, `ZMQ_HEARTBEAT_IVL`/`_TIMEOUT`/`_TTL`): how a peer
 /// that went silent without closing its connection (a crashed host, a cut cable, a stopped
@@ -42,7 +41,7 @@ public struct PKZMQHeartbeat: Sendable, Equatable {
 /// Process-wide settings of the ZeroMQ transport. Each applies to the sockets made after it is
 /// set; set them before making ports.
 public enum PKZMQTransport {
-    private static let settings = Mutex<Settings>(Settings())
+    private static let settings = PKMutex<Settings>(Settings())
 
     private struct Settings {
         var heartbeat = PKZMQHeartbeat.default

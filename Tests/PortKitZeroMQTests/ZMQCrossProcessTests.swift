@@ -60,7 +60,12 @@ import PortKitZeroMQ
             }
             try loop.add(port, forMode: .default)
             let peers = try (1...senders).map { try ZMQPeerProcess(["flood", port.endpoint, "\($0)", "\(count)"]) }
-            try run(loop, until: "every message", timeout: .seconds(150)) { next.dropFirst().allSatisfy { $0 == count } }
+            do {
+                try run(loop, until: "every message", timeout: .seconds(150)) { next.dropFirst().allSatisfy { $0 == count } }
+            } catch {
+                Issue.record("after 150 s, each sender's next index: \(next.dropFirst())")
+                throw error
+            }
             #expect(outOfOrder == 0)
             #expect(Array(next.dropFirst()) == [Int](repeating: count, count: senders))
             // Each sender's final request is answered only after its messages: it prints "done".

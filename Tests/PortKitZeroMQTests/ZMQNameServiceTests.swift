@@ -39,71 +39,87 @@ final class ZMQNameServerThread: @unchecked Sendable {
     }
 }
 
-@Suite(.serialized) struct ZMQNameServiceTests {
-    @Test func nameIsFoundFromAnotherProcessAndDroppedWhenItsOwnerIsKilled() throws {
-        PKZMQTransport.heartbeat = ZMQLivenessTests.heartbeat
-        let server = try ZMQNameServerThread()
-        defer { server.stop() }
-        let service = try PKZMQNameService(endpoint: server.endpoint)
-
-        let owner = try ZMQPeerProcess(["register", server.endpoint, "echo-service"])
-        #expect(try owner.readLine() == "registered")
-
-        // Found from a third process, which talks to the port it found.
-        let finder = try ZMQPeerProcess(["lookup", server.endpoint, "echo-service"])
-        let found = try finder.expectLine(startingWith: "found")
-        #expect(found.hasPrefix("tcp://127.0.0.1:") && found.hasSuffix(" 21"), "\(found)")
-        #expect(try finder.waitForExit() == 0)
-
-        // A second registrant of the live name is refused, from a process or from here.
-        let rival = try ZMQPeerProcess(["register", server.endpoint, "echo-service"])
-        #expect(try rival.readLine() == "refused nameInUse")
-        try onLoopThread { loop in
-            let mine = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")
-            try loop.add(mine, forMode: .default)
-            expectPKError(.nameInUse) { try service.register(mine, name: "echo-service") }
-            expectPKError(.badName) { try service.register(mine, name: ".hidden") }
-            mine.invalidate()
-        }
-
-        // kill -9 of the owner: the name goes at once (its kernel closes the connection).
-        #expect(try onLoopThread { _ in try service.lookUp("echo-service").endpoint } == String(found.split(separator: " ")[0]))
-        owner.kill()
-        let killedAt = PKDeadline.now
-        let gone = try onLoopThread { _ -> Duration in
+@Suite struct ZMQNameServiceTests {
+    /// Polls `service` until `name` is gone; returns how long after `since` it went.
+    static func timeUntilDropped(_ name: String, at service: PKZMQNameService, since: PKDeadline) throws -> Duration {
+        try onLoopThread { _ -> Duration in
             while true {
-                do { _ = try service.lookUp("echo-service") } catch let error as PKError where error.code == .nameNotFound { return PKDeadline.now - killedAt }
-                if PKDeadline.now - killedAt > .seconds(10) { throw TestTimeout(what: "the name to be dropped") }
+                do { _ = try service.lookUp(name) } catch let error as PKError where error.code == .nameNotFound {
+                    return PKDeadline.now - since
+                }
+                if PKDeadline.now - since > .seconds(10) { throw TestTimeout(what: "the name \(name) to be dropped") }
                 sleepFor(.milliseconds(5))
             }
         }
-        print("a registered owner's kill -9 dropped its name after \(gone)")
-        #expect(gone < ZMQLivenessTests.heartbeat.bound)
-
-        // The name is free again.
-        let successor = try ZMQPeerProcess(["register", server.endpoint, "echo-service"])
-        #expect(try successor.readLine() == "registered")
     }
 
-    @Test func nameOfASilentOwnerIsDroppedWithinTheHeartbeatBound() throws {
-        PKZMQTransport.heartbeat = ZMQLivenessTests.heartbeat
-        let server = try ZMQNameServerThread()
-        defer { server.stop() }
-        let service = try PKZMQNameService(endpoint: server.endpoint)
-        let owner = try ZMQPeerProcess(["register", server.endpoint, "silent"])
-        #expect(try owner.readLine() == "registered")
-        owner.kill(SIGSTOP)
-        let stoppedAt = PKDeadline.now
-        let gone = try onLoopThread { _ -> Duration in
-            while true {
-                do { _ = try service.lookUp("silent") } catch let error as PKError where error.code == .nameNotFound { return PKDeadline.now - stoppedAt }
-                if PKDeadline.now - stoppedAt > .seconds(10) { throw TestTimeout(what: "the name to be dropped") }
-                sleepFor(.milliseconds(20))
+    @Test func nameIsFoundFromAnotherProcessAndDroppedWhenItsOwnerIsKilled() async {
+        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+            IsolatedRun.report {
+                PKZMQTransport.heartbeat = ZMQLivenessTests.heartbeat
+                let server = try ZMQNameServerThread()
+                defer { server.stop() }
+                let service = try PKZMQNameService(endpoint: server.endpoint)
+
+                let owner = try ZMQPeerProcess(["register", server.endpoint, "echo-service"])
+                defer { owner.kill() }
+                try IsolatedRun.require(try owner.readLine() == "registered", "the owner did not register")
+
+                // Found from a third process, which talks to the port it found.
+                let finder = try ZMQPeerProcess(["lookup", server.endpoint, "echo-service"])
+                let found = try finder.expectLine(startingWith: "found")
+                try IsolatedRun.require(found.hasPrefix("tcp://127.0.0.1:") && found.hasSuffix(" 21"), "found \(found)")
+                try IsolatedRun.require(try finder.waitForExit() == 0, "the finder failed")
+
+                // A second registrant of the live name is refused, from a process or from here.
+                let rival = try ZMQPeerProcess(["register", server.endpoint, "echo-service"])
+                try IsolatedRun.require(try rival.readLine() == "refused nameInUse", "a rival took the live name")
+                try onLoopThread { loop in
+                    let mine = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")
+                    try loop.add(mine, forMode: .default)
+                    defer { mine.invalidate() }
+                    do {
+                        try service.register(mine, name: "echo-service")
+                        try IsolatedRun.require(false, "this process took the live name")
+                    } catch let error as PKError {
+                        try IsolatedRun.require(error.code == .nameInUse, "\(error)")
+                    }
+                }
+
+                // kill -9 of the owner: the name goes at once (its kernel closes the connection).
+                let endpoint = try onLoopThread { _ in try service.lookUp("echo-service").endpoint }
+                try IsolatedRun.require(endpoint == String(found.split(separator: " ")[0]), "looked up \(endpoint)")
+                owner.kill()
+                let gone = try ZMQNameServiceTests.timeUntilDropped("echo-service", at: service, since: .now)
+                print("a registered owner's kill -9 dropped its name after \(gone)")
+                try IsolatedRun.require(gone < ZMQLivenessTests.heartbeat.bound, "dropped after \(gone)")
+
+                // The name is free again.
+                let successor = try ZMQPeerProcess(["register", server.endpoint, "echo-service"])
+                defer { successor.kill() }
+                try IsolatedRun.require(try successor.readLine() == "registered", "the name was not free again")
             }
         }
-        print("a stopped owner's name dropped after \(gone); heartbeat bound \(ZMQLivenessTests.heartbeat.bound)")
-        #expect(gone < ZMQLivenessTests.heartbeat.bound + .milliseconds(500))
-        owner.kill(SIGKILL)
+        IsolatedRun.check(result)
+    }
+
+    @Test func nameOfASilentOwnerIsDroppedWithinTheHeartbeatBound() async {
+        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+            IsolatedRun.report {
+                PKZMQTransport.heartbeat = ZMQLivenessTests.heartbeat
+                let server = try ZMQNameServerThread()
+                defer { server.stop() }
+                let service = try PKZMQNameService(endpoint: server.endpoint)
+                let owner = try ZMQPeerProcess(["register", server.endpoint, "silent"])
+                defer { owner.kill(SIGKILL) }
+                try IsolatedRun.require(try owner.readLine() == "registered", "the owner did not register")
+                owner.kill(SIGSTOP)
+                let gone = try ZMQNameServiceTests.timeUntilDropped("silent", at: service, since: .now)
+                print("a stopped owner's name dropped after \(gone); heartbeat bound \(ZMQLivenessTests.heartbeat.bound)")
+                try IsolatedRun.require(gone < ZMQLivenessTests.heartbeat.bound + .milliseconds(500), "dropped after \(gone)")
+            }
+        }
+        IsolatedRun.check(result)
     }
 
     @Test func registerLookUpUnregisterInOneProcess() throws {

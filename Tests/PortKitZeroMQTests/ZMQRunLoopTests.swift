@@ -135,8 +135,12 @@ import PortKitZeroMQ
             var outcome = "no outcome"
             do {
                 let kinds = ["tcp://127.0.0.1:*", "ipc://@portkit-zmq-fd-test-\(getpid())"]
+                var round = 0
                 func serveAndRequest(_ kind: String) throws {
-                    let server = try ZMQEchoServer(endpoint: kind)
+                    // A fresh endpoint each round: a right made to an endpoint whose previous
+                    // owner has just gone may share the connection about to be found dead.
+                    round += 1
+                    let server = try ZMQEchoServer(endpoint: kind.hasPrefix("ipc") ? "\(kind)-\(round)" : kind)
                     try onLoopThread { _ in
                         let right = try PKZMQSendPort(connectingTo: server.endpoint)
                         for round in UInt32(1)...3 {

@@ -4,7 +4,6 @@
 
 import Logging
 import PortKit
-import Synchronization
 
 /// A receive port reachable over ZeroMQ (`PKReceivePort`'s model, for processes on other hosts).
 ///
@@ -52,7 +51,7 @@ public final class PKZMQReceivePort: @unchecked Sendable, CustomStringConvertibl
         /// The modes the port is in (changed on the loop's thread; read by `invalidate()`).
         var modes: Set<PKRunLoopMode> = []
     }
-    private let shared = Mutex<Shared>(Shared())
+    private let shared = PKMutex<Shared>(Shared())
     private let inbox: ZMQInbox
     private let parsedEndpoint: ZMQEndpoint
 

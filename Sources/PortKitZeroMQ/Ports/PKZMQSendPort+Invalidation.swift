@@ -3,13 +3,12 @@
 // remote port): the connection's death signals a custom source on the watching loop.
 
 import PortKit
-import Synchronization
 
 /// A registration made by `PKZMQSendPort.watchInvalidation(on:forMode:_:)`; cancel it to stop
 /// watching.
 public final class PKZMQInvalidationWatch: Sendable {
     private let source: PKCustomSource
-    private let registration = Mutex<(connection: ZMQConnection?, token: Int?)>((nil, nil))
+    private let registration = PKMutex<(connection: ZMQConnection?, token: Int?)>((nil, nil))
 
     fileprivate init(source: PKCustomSource) { self.source = source }
 

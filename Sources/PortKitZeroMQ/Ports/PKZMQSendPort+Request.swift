@@ -127,7 +127,7 @@ private struct PendingRequest {
 
 /// A one-shot signal a task awaits; `fire` from any thread, any number of times.
 private final class AsyncSignal: Sendable {
-    private let state = Mutex<(fired: Bool, continuation: CheckedContinuation<Void, Never>?)>((false, nil))
+    private let state = PKMutex<(fired: Bool, continuation: CheckedContinuation<Void, Never>?)>((false, nil))
 
     func fire() {
         let continuation = state.withLock { state -> CheckedContinuation<Void, Never>? in

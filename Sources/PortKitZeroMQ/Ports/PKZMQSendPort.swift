@@ -3,7 +3,6 @@
 // validity; the connection under it is shared per endpoint and made on first use.
 
 import PortKit
-import Synchronization
 
 /// A send right to a ZeroMQ port (the remote port of `PKSendPort`'s model, over ZeroMQ).
 ///
@@ -125,7 +124,7 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
 final class ZMQSendRight: Sendable {
     let address: ZMQPortAddress
     let endpoint: ZMQEndpoint
-    private let state = Mutex<State>(State())
+    private let state = PKMutex<State>(State())
 
     private struct State {
         var connection: ZMQConnection?

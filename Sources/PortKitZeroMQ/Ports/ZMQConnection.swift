@@ -12,15 +12,14 @@
 // messages wait for it until their send deadline.
 
 import PortKit
-import Synchronization
 
 final class ZMQConnection: @unchecked Sendable {
     let endpoint: ZMQEndpoint
     /// The PUSH socket; nil once the connection is dead. Held for a whole send, waits included.
-    private let socket: Mutex<ZMQSocket?>
+    private let socket: PKMutex<ZMQSocket?>
     /// Wakes a send that waits for room when the connection dies.
     private let interrupt: InterruptSignal
-    private let state = Mutex<State>(State())
+    private let state = PKMutex<State>(State())
 
     private struct State {
         var established = false
@@ -37,7 +36,7 @@ final class ZMQConnection: @unchecked Sendable {
         let monitor = try ZMQMonitor(monitoring: push)
         try push.connect(endpoint.description)
         interrupt = try InterruptSignal()
-        socket = Mutex(push)
+        socket = PKMutex(push)
         monitor.start { [weak self] event in self?.monitorReported(event) }
     }
 
@@ -160,7 +159,7 @@ final class ZMQConnectionCache: Sendable {
         var byEndpoint: [ZMQEndpoint: Weak] = [:]
         var recent: [ZMQConnection] = []
     }
-    private let state = Mutex<State>(State())
+    private let state = PKMutex<State>(State())
 
     /// The live connection to `endpoint`, made if there is none.
     func connection(to endpoint: ZMQEndpoint) throws(PKError) -> ZMQConnection {

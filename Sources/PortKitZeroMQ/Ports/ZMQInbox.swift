@@ -79,8 +79,8 @@ final class ZMQInbox: @unchecked Sendable {
     /// The socket, its decoder and its claims, under one lock; a class so that a close
     /// deferred to the loop's thread can hold it after the inbox is gone.
     private final class LockedIO: Sendable {
-        let mutex: Mutex<IO>
-        init(_ io: consuming sending IO) { mutex = Mutex(io) }
+        let mutex: PKMutex<IO>
+        init(_ io: consuming sending IO) { mutex = PKMutex(io) }
     }
 
     // Loop-only state.

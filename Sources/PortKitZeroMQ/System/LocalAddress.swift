@@ -4,11 +4,11 @@
 // under it.
 
 import Glibc
-import Synchronization
+import PortKit
 
 enum LocalAddress {
     /// Answers already found, by host: a name is resolved once per process.
-    private static let known = Mutex<[String: String]>([:])
+    private static let known = PKMutex<[String: String]>([:])
 
     /// The local IPv4 address the kernel routes toward `host` (an IPv4 literal or a name), or
     /// nil if it has none. Sends nothing: a UDP `connect` only picks the route. Remembered per

@@ -3,7 +3,6 @@
 
 import Foundation
 import PortKit
-import Synchronization
 
 /// Failure raised by a helper when a deadline passes.
 struct TestTimeout: Error, CustomStringConvertible {
@@ -13,8 +12,8 @@ struct TestTimeout: Error, CustomStringConvertible {
 
 /// A value guarded by a mutex, shareable between threads and closures.
 final class Locked<Value: Sendable>: Sendable {
-    private let mutex: Mutex<Value>
-    init(_ value: Value) { mutex = Mutex(value) }
+    private let mutex: PKMutex<Value>
+    init(_ value: Value) { mutex = PKMutex(value) }
     var value: Value {
         get { mutex.withLock { $0 } }
         set { mutex.withLock { $0 = newValue } }
@@ -104,6 +103,39 @@ func expectPKError(
         #expect(error.code == code, "\(error)", sourceLocation: sourceLocation)
     } catch {
         Issue.record("expected PKError.\(code); got \(error)", sourceLocation: sourceLocation)
+    }
+}
+#endif
+
+#if ZeroMQ
+/// Tests that change process-wide settings (the heartbeat) run their body in a child process
+/// (an exit test), so the setting cannot leak into tests running alongside. The body prints
+/// what it measured, then "ok" or "failed: <why>", and exits 0; `IsolatedRun.check` reads that.
+enum IsolatedRun {
+    /// Fails the body with `message` unless `condition` holds.
+    struct Failure: Error, CustomStringConvertible { let description: String }
+    static func require(_ condition: Bool, _ message: @autoclosure () -> String) throws {
+        if !condition { throw Failure(description: message()) }
+    }
+
+    /// Runs `body` in the child and ends the child.
+    static func report(_ body: () throws -> Void) -> Never {
+        do {
+            try body()
+            print("ok")
+        } catch {
+            print("failed: \(error)")
+        }
+        fflush(nil)
+        exit(0)
+    }
+
+    /// Checks the child's output: it ended with "ok". Prints what it measured.
+    static func check(_ result: ExitTest.Result?, sourceLocation: SourceLocation = #_sourceLocation) {
+        guard let result else { return }  // the exit expectation already failed
+        let lines = String(decoding: result.standardOutputContent, as: UTF8.self).split(separator: "\n").map(String.init)
+        for line in lines.dropLast() { print(line) }
+        #expect(lines.last == "ok", "\(lines.joined(separator: "\n"))", sourceLocation: sourceLocation)
     }
 }
 #endif
