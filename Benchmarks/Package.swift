@@ -1,12 +1,13 @@
 // swift-tools-version: 6.1
 // PortKit's benchmark suite (issue #6): a nested package, so the main build stays light.
 //
-//   Benchmarks/run.sh            every workload, PortKit and its baselines, one table
-//   Benchmarks/run.sh --short    the same, a few samples each (CI: it must not rot)
-//   Benchmarks/run.sh --zeromq   also the libzmq baselines (needs Debian's libzmq3-dev)
+//   Benchmarks/run.sh --callgrind   every workload, PortKit and its baselines, one table
+//   Benchmarks/run.sh --short       the same, a few samples each (CI: it must not rot)
 //
-// The libzmq baselines sit behind this package's own `ZeroMQ` trait, which also enables the
-// root package's `ZeroMQ` trait; without it nothing here needs libzmq.
+// The libzmq baselines and the rows of PortKit's ZeroMQ transport sit behind this package's
+// own `ZeroMQ` trait, which also enables the root package's `ZeroMQ` trait; without it nothing
+// here needs libzmq. run.sh turns it on when pkg-config finds libzmq (`--no-zeromq` to skip).
+// See docs/performance.md.
 import PackageDescription
 
 let package = Package(
@@ -48,6 +49,7 @@ let package = Package(
                 "CBench",
                 .target(name: "CZMQBench", condition: .when(traits: ["ZeroMQ"])),
                 .product(name: "PortKit", package: "PortKit"),
+                .product(name: "PortKitZeroMQ", package: "PortKit", condition: .when(traits: ["ZeroMQ"])),
             ]
         ),
         .executableTarget(

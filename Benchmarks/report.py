@@ -33,8 +33,13 @@ RULES = [
     ("Request/reply, threads", "request.threads", "portkit", "rt.threads", "portkit", "latency", 1.2),
     ("Request/reply, processes", "request.processes", "portkit", "rt.processes", "portkit", "latency", 1.2),
     ("Spawn to check-in", "spawn", "portkit", "spawn", "pthread+byte", "latency", 1.5),
-    ("Round trip, 1,000 idle ports per loop", "rt.threads.idle1000", "portkit", "rt.threads", "portkit", "latency", 1.10),
+    ("Round trip, 1,000 idle ports per loop (each with a socket sender)", "rt.threads.idle1000", "portkit", "rt.threads", "portkit", "latency", 1.10),
     ("Lookup, 10,000 names registered", "lookup", "portkit-10000", "lookup", "portkit-1", "latency", 2.0),
+    # PortKit's ZeroMQ transport against raw libzmq on the same endpoint type (no target set).
+    ("ZeroMQ transport: round trip 64 B, processes, ipc://", "rt.processes", "portkit-zmq-ipc", "rt.processes", "zmq-ipc", "latency", None),
+    ("ZeroMQ transport: round trip 64 B, processes, tcp://", "rt.processes", "portkit-zmq-tcp", "rt.processes", "zmq-tcp", "latency", None),
+    ("ZeroMQ transport: stream 64 B, processes, ipc://", "stream64.processes", "portkit-zmq-ipc", "stream64.processes", "zmq-ipc-pushpull", "throughput", None),
+    ("ZeroMQ transport: stream 1 KiB, processes, ipc://", "stream1k.processes", "portkit-zmq-ipc", "stream1k.processes", "zmq-ipc-pushpull", "throughput", None),
 ]
 
 BASELINE_LABEL = {
@@ -205,8 +210,10 @@ def main():
 
     for item in extra:
         if "bare_bytes" in item:
-            out.append(f"| User-space memory per idle port | — | {item['bare_bytes']:.0f} B scheduled, no sender; {item['connected_bytes']:.0f} B with one connected sender (+{item['descriptors_per_connected']} descriptors) | | | | | | (no target) | |")
-    out.append("| The same through PortKit's ZeroMQ transport vs raw libzmq | — | not measured: the PortKitZeroMQ module is not ready yet | | | | | | not measured | |")
+            local = f"{item['local_bytes']:.0f} B with one in-process sender (mailbox); " if "local_bytes" in item else ""
+            out.append(f"| User-space memory per idle port | — | {item['bare_bytes']:.0f} B scheduled, no sender; {local}{item['connected_bytes']:.0f} B with one connected sender (a socket, +{item['descriptors_per_connected']} descriptors) | | | | | | (no target) | |")
+    if not any(k[1].startswith("portkit-zmq") for k in list(data) + list(expected)):
+        out.append("| The same through PortKit's ZeroMQ transport vs raw libzmq | — | not run (needs libzmq: the ZeroMQ trait) | | | | | | not measured | |")
 
     summary = f"{met} of {total} measured targets met."
     # Rows the suite should have produced and did not: a workload that broke.

@@ -71,6 +71,11 @@ public func catalogue(short: Bool = isShortMode, filtered: Bool = true) -> [Work
         add("rt.processes", "zmq-tcp", p, rt) { try ZMQRoundTrip(.tcp, p) }
         #endif
         add("request.processes", "portkit", p, rt) { try PortKitPair(.process, .request, p) }
+        #if ZeroMQ
+        // PortKit's ZeroMQ transport against raw libzmq on the same endpoint type.
+        add("rt.processes", "portkit-zmq-ipc", p, rt) { try PortKitZMQPair(.ipc, .roundTrip, p) }
+        add("rt.processes", "portkit-zmq-tcp", p, rt) { try PortKitZMQPair(.tcp, .roundTrip, p) }
+        #endif
 
         // One-way streams.
         for size in [64, 1024] {
@@ -84,6 +89,7 @@ public func catalogue(short: Bool = isShortMode, filtered: Bool = true) -> [Work
             add("stream\(tag).processes", "unix-socket", p, stream) { try CUnixSocketStream(p, size: size) }
             #if ZeroMQ
             add("stream\(tag).processes", "zmq-ipc-pushpull", p, stream) { try ZMQStream(.ipc, p, size: size) }
+            add("stream\(tag).processes", "portkit-zmq-ipc", p, stream) { try PortKitZMQPair(.ipc, .stream, p, size: size) }
             #endif
         }
 
@@ -112,8 +118,17 @@ public func comparisons(_ specs: [WorkloadSpec] = catalogue(filtered: false)) ->
     var byName: [String: WorkloadSpec] = [:]
     for spec in specs { byName[spec.name] = spec }
     var result: [Comparison] = []
-    for spec in specs where spec.impl == "portkit" || spec.impl == "portkit-10000" {
+    for spec in specs where spec.impl == "portkit" || spec.impl == "portkit-10000" || spec.impl.hasPrefix("portkit-zmq") {
         let p = spec.placement.rawValue
+        if spec.impl.hasPrefix("portkit-zmq") {
+            // Against raw libzmq on the same endpoint type only.
+            let raw = spec.workload == "rt.processes" ? (spec.impl == "portkit-zmq-ipc" ? "zmq-ipc" : "zmq-tcp") : "zmq-ipc-pushpull"
+            let name = "\(spec.workload)|\(raw)|\(p)"
+            if let baseline = byName[name], matches(spec.name, filter) || matches(name, filter) {
+                result.append(Comparison(subject: spec, baseline: baseline))
+            }
+            continue
+        }
         var baselines: [String] = specs.filter { $0.workload == spec.workload && $0.placement == spec.placement && !$0.impl.hasPrefix("portkit") }.map(\.name)
         switch spec.workload {
         case "request.threads", "rt.threads.idle1000": baselines.append("rt.threads|portkit|\(p)")

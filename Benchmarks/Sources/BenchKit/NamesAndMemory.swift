@@ -122,53 +122,75 @@ public func serveNames(directory: String, start: Int, count: Int, index: Int, cp
 public struct PortMemory: Sendable {
     /// A port scheduled on a loop, no sender yet.
     public var bareBytes: Double
-    /// A port scheduled on a loop with one connected sender (its send right and the receiving
-    /// side's connection, decoder and source).
+    /// A port scheduled on a loop with one in-process sender (`makeSendRight()`, the mailbox),
+    /// one message delivered.
+    public var localBytes: Double
+    /// A port scheduled on a loop with one connected sender (a socket: the receiving side's
+    /// connection, decoder and source, and the send right), one message delivered.
     public var connectedBytes: Double
     /// Kernel descriptors per connected port (not user-space memory: a socketpair).
     public var descriptorsPerConnected: Int
 }
 
 public func measurePortMemory(count: Int = 1000) throws -> PortMemory {
-    final class Result: @unchecked Sendable { var value: Result2? }
-    struct Result2 { var bare: Double; var connected: Double; var fds: Int; var error: String? }
+    final class Result: @unchecked Sendable { var value: PortMemory?; var error: String? }
     let result = Result()
     let thread = try startThread {
         do {
             let loop = PKRunLoop.current
             // Warm up: the loop, the adopter paths, the allocator's pools.
-            for port in try makeIdlePorts(64, on: loop) { port.invalidate() }
+            try makeIdlePorts(64, on: loop).invalidate()
             _ = loop.run(in: .default, until: .after(.milliseconds(10)))
 
             var before = cb_malloc_in_use()
-            var bare: [PKReceivePort] = []
-            bare.reserveCapacity(count)
+            var ports: [PKReceivePort] = []
+            ports.reserveCapacity(count)
             for _ in 0..<count {
                 let port = PKReceivePort()
                 try loop.add(port, forMode: .default)
-                bare.append(port)
+                ports.append(port)
             }
-            let bareBytes = Double(cb_malloc_in_use() - before) / Double(count)
-            for port in bare { port.invalidate() }
-            bare = []
+            let bareBytes = Double(Int(cb_malloc_in_use()) - Int(before)) / Double(count)
+            for port in ports { port.invalidate() }
+            ports = []
+            _ = loop.run(in: .default, until: .after(.milliseconds(10)))
+
+            before = cb_malloc_in_use()
+            var delivered = 0
+            var rights: [PKSendPort] = []
+            rights.reserveCapacity(count)
+            ports.reserveCapacity(count)
+            for _ in 0..<count {
+                let port = PKReceivePort { _ in delivered += 1 }
+                try loop.add(port, forMode: .default)
+                let right = port.makeSendRight()
+                try right.send(PKPortMessage(msgid: BenchMessage.idle), before: .after(.seconds(10)))
+                ports.append(port)
+                rights.append(right)
+            }
+            while delivered < count {
+                if loop.run(in: .default, until: .after(.seconds(30)), returnAfterSourceHandled: true) == .timedOut { break }
+            }
+            let localBytes = Double(Int(cb_malloc_in_use()) - Int(before)) / Double(count)
+            for port in ports { port.invalidate() }
+            ports = []
+            rights = []
             _ = loop.run(in: .default, until: .after(.milliseconds(10)))
 
             let fdsBefore = countOpenDescriptors()
             before = cb_malloc_in_use()
-            var connected = try makeIdlePorts(count, on: loop)
-            // The send rights made by makeSendRight() live as long as their ports.
-            let connectedBytes = Double(cb_malloc_in_use() - before) / Double(count)
+            let connected = try makeIdlePorts(count, on: loop)
+            let connectedBytes = Double(Int(cb_malloc_in_use()) - Int(before)) / Double(count)
             let fds = (countOpenDescriptors() - fdsBefore) / count
-            for port in connected { port.invalidate() }
-            connected = []
-            result.value = Result2(bare: bareBytes, connected: connectedBytes, fds: fds, error: nil)
+            connected.invalidate()
+            result.value = PortMemory(bareBytes: bareBytes, localBytes: localBytes, connectedBytes: connectedBytes, descriptorsPerConnected: fds)
         } catch {
-            result.value = Result2(bare: 0, connected: 0, fds: 0, error: "\(error)")
+            result.error = "\(error)"
         }
     }
     pthread_join(thread, nil)
-    guard let value = result.value, value.error == nil else { throw BenchError(result.value?.error ?? "no result") }
-    return PortMemory(bareBytes: value.bare, connectedBytes: value.connected, descriptorsPerConnected: value.fds)
+    guard let value = result.value else { throw BenchError(result.error ?? "no result") }
+    return value
 }
 
 /// The number of entries of /proc/self/fd.

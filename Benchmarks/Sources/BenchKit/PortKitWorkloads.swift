@@ -46,28 +46,62 @@ public func workerHandler(_ role: WorkerRole, mainPort: PKSendPort) -> (PKPortMe
     }
 }
 
-/// Schedules `count` ports on `loop`, each with one connected sender (one message sent and
-/// delivered), so each holds a descriptor in the loop's epoll set and a source in its mode.
-/// Loop-only. The ports stay scheduled (the loop keeps them) until invalidated.
-public func makeIdlePorts(_ count: Int, on loop: PKRunLoop) throws -> [PKReceivePort] {
-    guard count > 0 else { return [] }
-    var delivered = 0
-    var ports: [PKReceivePort] = []
-    ports.reserveCapacity(count)
-    for _ in 0..<count {
-        let port = PKReceivePort { _ in delivered += 1 }
-        try loop.add(port, forMode: .default)
-        try port.makeSendRight().send(PKPortMessage(msgid: BenchMessage.idle), before: .after(.seconds(10)))
-        ports.append(port)
+/// Idle ports and the send rights that keep their senders connected.
+public struct IdlePorts {
+    public var ports: [PKReceivePort] = []
+    /// One right per port, each over a connection (a socket) of its own; keep them alive.
+    public var rights: [PKSendPort] = []
+
+    public func invalidate() {
+        for right in rights { right.invalidate() }
+        for port in ports { port.invalidate() }
     }
-    let deadline = PKDeadline.after(.seconds(30))
-    while delivered < count {
-        if loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) == .timedOut {
-            throw BenchError("idle ports: \(delivered) of \(count) messages delivered")
+}
+
+/// Schedules `count` ports on `loop`, each with one connected sender: a socket connection of
+/// its own, as a sender in another process has (not the in-process mailbox that
+/// `makeSendRight()` uses, nor the socket-free right an in-process message carries). The ports
+/// travel, as rights, in messages sent over a socket (to a collector port found through the name
+/// server), so each arrives as a connection; one message then goes through each, so every
+/// connection is adopted, greeted and watched by the loop's epoll. Loop-only. The ports stay
+/// scheduled until invalidated; keep the returned rights alive.
+public func makeIdlePorts(_ count: Int, on loop: PKRunLoop) throws -> IdlePorts {
+    var idle = IdlePorts()
+    guard count > 0 else { return idle }
+    var delivered = 0
+    var rights: [PKSendPort] = []
+    let directory = try makeScratchDirectory("pkbench-idle")
+    defer { removeScratchDirectory(directory) }
+    let names = PKNameServer(directory: directory)
+    let collector = PKReceivePort { message in rights.append(contentsOf: message.ports) }
+    try loop.add(collector, forMode: .default)
+    defer { collector.invalidate() }
+    try names.register(collector, name: "collector")
+    let toCollector = try names.lookUp("collector")
+    defer { toCollector.invalidate() }
+    let deadline = PKDeadline.after(.seconds(60))
+    func runUntil(_ done: () -> Bool, _ what: String) throws {
+        while !done() {
+            if loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) == .timedOut {
+                throw BenchError("idle ports: \(what)")
+            }
         }
     }
-    for port in ports { port.handler = { _ in } }
-    return ports
+    idle.ports.reserveCapacity(count)
+    for sent in 1...count {
+        let port = PKReceivePort { _ in delivered += 1 }
+        try loop.add(port, forMode: .default)
+        try toCollector.send(PKPortMessage(msgid: BenchMessage.idle, components: [.port(port.makeSendRight())]), before: .after(.seconds(10)))
+        idle.ports.append(port)
+        // The collector runs on this thread: let it read before the socket fills.
+        try runUntil({ rights.count + 32 >= sent }, "\(rights.count) of \(sent) rights arrived")
+    }
+    try runUntil({ rights.count >= count }, "\(rights.count) of \(count) rights arrived")
+    for right in rights { try right.send(PKPortMessage(msgid: BenchMessage.idle), before: .after(.seconds(10))) }
+    try runUntil({ delivered >= count }, "\(delivered) of \(count) messages delivered")
+    for port in idle.ports { port.handler = { _ in } }
+    idle.rights = rights
+    return idle
 }
 
 /// The worker side, in this process (a PKWorkerThread) or another (a PKWorkerProcess).
@@ -116,8 +150,9 @@ public final class PortKitPair: Workload {
                 let worker = try PKWorkerThread(name: "pkbench-worker", mainPort: mine.makeSendRight(), checkInTimeout: .seconds(30)) { context in
                     if workerCPU >= 0 { cb_pin_self(workerCPU) }
                     guard let main = context.mainPort else { throw BenchError("no main port") }
-                    _ = try makeIdlePorts(idlePorts, on: context.loop)
-                    context.port.handler = workerHandler(role, mainPort: main)
+                    let idle = try makeIdlePorts(idlePorts, on: context.loop)
+                    let handler = workerHandler(role, mainPort: main)
+                    context.port.handler = { message in withExtendedLifetime(idle.rights) { handler(message) } }
                 }
                 workerPort = worker.port
                 stopWorker = { try? worker.stop(timeout: .seconds(10)) }
@@ -205,7 +240,7 @@ public final class PortKitPair: Workload {
                 stopWorker()
                 stopWorker = {}
                 mine.invalidate()
-                for port in idleHere { port.invalidate() }
+                idleHere.invalidate()
             })
         }
     }
@@ -245,8 +280,9 @@ public func servePortKitWorker(role: WorkerRole, cpu: Int32, idlePorts: Int) thr
     if cpu >= 0 { cb_pin_self(cpu) }
     try PKWorkerProcess.serve { context in
         guard let main = context.mainPort else { throw BenchError("no main port") }
-        _ = try makeIdlePorts(idlePorts, on: context.loop)
-        context.port.handler = workerHandler(role, mainPort: main)
+        let idle = try makeIdlePorts(idlePorts, on: context.loop)
+        let handler = workerHandler(role, mainPort: main)
+        context.port.handler = { message in withExtendedLifetime(idle.rights) { handler(message) } }
     }
 }
 
@@ -257,12 +293,14 @@ public func serveNamedWorker(directory: String, role: WorkerRole, cpu: Int32, id
     let loop = PKRunLoop.current
     let port = PKReceivePort()
     try loop.add(port, forMode: .default)
-    _ = try makeIdlePorts(idlePorts, on: loop)
+    let idle = try makeIdlePorts(idlePorts, on: loop)
     port.handler = { message in
         guard message.msgid == BenchMessage.hello, let main = message.replyPort else { return }
         try? main.send(PKPortMessage(msgid: BenchMessage.hello), before: .after(.seconds(60)))
         port.handler = workerHandler(role, mainPort: main)
     }
     try PKNameServer(directory: directory).register(port, name: "pkbench-worker")
-    while true { loop.run(in: .default, until: .distantFuture, returnAfterSourceHandled: true) }
+    while true {
+        withExtendedLifetime(idle) { _ = loop.run(in: .default, until: .distantFuture, returnAfterSourceHandled: true) }
+    }
 }

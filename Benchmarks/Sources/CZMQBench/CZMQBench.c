@@ -4,6 +4,7 @@
 #include "CBench.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,20 @@
 #include <zmq.h>
 
 static int counter;
+
+// libzmq starts its I/O thread when the first socket is made, and that thread inherits the
+// affinity of the thread making it: make contexts and sockets pinned like the side that uses
+// them, so that libzmq's own threads follow the placement as PortKit's and the C baselines' do.
+typedef struct {
+    cpu_set_t saved;
+} pin_scope;
+
+static void pin_begin(pin_scope *scope, int cpu) {
+    sched_getaffinity(0, sizeof scope->saved, &scope->saved);
+    cb_pin_self(cpu);
+}
+
+static void pin_end(pin_scope *scope) { sched_setaffinity(0, sizeof scope->saved, &scope->saved); }
 
 // MARK: - Round trip
 
@@ -70,9 +85,12 @@ static void set_linger0(void *sock) {
 
 cz_rt *cz_inproc_rt_new(int client_cpu, int server_cpu, size_t size) {
     cz_rt *rt = calloc(1, sizeof *rt);
+    pin_scope scope;
+    pin_begin(&scope, client_cpu);
     rt->ctx = zmq_ctx_new();
     rt->sock = zmq_socket(rt->ctx, ZMQ_PAIR);
     rt->peer = zmq_socket(rt->ctx, ZMQ_PAIR);
+    pin_end(&scope);
     set_linger0(rt->sock);
     set_linger0(rt->peer);
     char endpoint[64];
@@ -104,8 +122,11 @@ static int bind_and_name(void *sock, const char *endpoint, char *actual, size_t 
 
 cz_rt *cz_proc_rt_new(const char *helper, const char *endpoint, int client_cpu, int server_cpu, size_t size) {
     cz_rt *rt = calloc(1, sizeof *rt);
+    pin_scope scope;
+    pin_begin(&scope, client_cpu);
     rt->ctx = zmq_ctx_new();
     rt->sock = zmq_socket(rt->ctx, ZMQ_PAIR);
+    pin_end(&scope);
     set_linger0(rt->sock);
     char actual[256];
     if (bind_and_name(rt->sock, endpoint, actual, sizeof actual) != 0) {
@@ -222,9 +243,12 @@ static void *cz_stream_sender(void *arg) {
 
 cz_stream *cz_inproc_stream_new(int sender_cpu, int receiver_cpu, size_t size) {
     cz_stream *st = calloc(1, sizeof *st);
+    pin_scope scope;
+    pin_begin(&scope, sender_cpu);
     st->ctx = zmq_ctx_new();
     st->out = zmq_socket(st->ctx, ZMQ_PAIR);
     st->peer = zmq_socket(st->ctx, ZMQ_PAIR);
+    pin_end(&scope);
     set_linger0(st->out);
     set_linger0(st->peer);
     st->ack = st->out;
@@ -250,9 +274,12 @@ cz_stream *cz_inproc_stream_new(int sender_cpu, int receiver_cpu, size_t size) {
 
 cz_stream *cz_proc_stream_new(const char *helper, const char *endpoint, const char *ack_endpoint, int sender_cpu, int receiver_cpu, size_t size) {
     cz_stream *st = calloc(1, sizeof *st);
+    pin_scope scope;
+    pin_begin(&scope, sender_cpu);
     st->ctx = zmq_ctx_new();
     st->out = zmq_socket(st->ctx, ZMQ_PUSH);
     st->ack = zmq_socket(st->ctx, ZMQ_PULL);
+    pin_end(&scope);
     set_linger0(st->out);
     set_linger0(st->ack);
     char actual[256], actual_ack[256];

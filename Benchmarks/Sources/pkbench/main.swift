@@ -5,6 +5,7 @@
 //   pkbench c-sink PATH CPU SIZE              raw Unix-socket stream receiver (C)
 //   pkbench zmq-echo ENDPOINT CPU SIZE        libzmq PAIR echo (ZeroMQ trait)
 //   pkbench zmq-sink ENDPOINT ACK CPU SIZE    libzmq PULL receiver (ZeroMQ trait)
+//   pkbench pkzmq-worker ROLE CPU MAIN OWN    a worker on PortKit's ZeroMQ transport (trait)
 //   pkbench pk-worker ROLE CPU IDLE           a PKWorkerProcess (echo | sink)
 //   pkbench pk-named DIR ROLE CPU IDLE        a worker found by name (for callgrind runs)
 //   pkbench names DIR START COUNT INDEX CPU   registers COUNT names, then "ready-INDEX"
@@ -67,6 +68,11 @@ case "zmq-echo":
     exit(serveZMQEcho(endpoint: argument(1), cpu: Int32(int(2)), size: int(3)))
 case "zmq-sink":
     exit(serveZMQSink(endpoint: argument(1), ack: argument(2), cpu: Int32(int(3)), size: int(4)))
+case "pkzmq-worker":
+    guard let role = WorkerRole(rawValue: argument(1)) else { fail("usage: pkzmq-worker echo|sink CPU MAIN OWN") }
+    do { try serveZMQWorker(role: role, cpu: Int32(int(2)), mainEndpoint: argument(3), ownEndpoint: argument(4)) } catch {
+        fail("pkzmq-worker: \(error)")
+    }
 #endif
 case "pk-named":
     guard let role = WorkerRole(rawValue: argument(2)) else { fail("usage: pk-named DIR echo|sink CPU IDLE") }
@@ -102,7 +108,7 @@ case "rt":
 case "memory":
     do {
         let memory = try measurePortMemory(count: 1000)
-        say("{\"bare_bytes\": \(memory.bareBytes), \"connected_bytes\": \(memory.connectedBytes), \"descriptors_per_connected\": \(memory.descriptorsPerConnected)}")
+        say("{\"bare_bytes\": \(memory.bareBytes), \"local_bytes\": \(memory.localBytes), \"connected_bytes\": \(memory.connectedBytes), \"descriptors_per_connected\": \(memory.descriptorsPerConnected)}")
     } catch { fail("memory: \(error)") }
 
 case "foundation":

@@ -33,6 +33,10 @@ final class CheckInListener {
 
     deinit { port.invalidate() }
 
+    /// A right to the check-in port for a worker thread's check-in message (in memory), so the
+    /// launcher gets the worker's port as an in-process right.
+    func makeLocalRight() -> PKSendPort { port.makeSendRight() }
+
     /// A connection of the worker's own to the check-in port, as a descriptor: when the worker
     /// (thread or process) ends, it closes and the listener learns the worker is gone.
     func makeWorkerConnection() throws(PKError) -> Int32 {
@@ -72,9 +76,11 @@ enum WorkerRuntime {
     ///   (the launcher died); for worker processes, whose launcher keeps its end open.
     /// - Throws: `PKError` with `.checkInFailed` if the worker could not check in (the reason
     ///   `setUp` gave included).
+    ///   - checkInVia: where to send the check-in message, if not over `checkInRight` (a worker
+    ///     thread sends it in memory; its connection then only tells the launcher it ended).
     static func serve(
-        name: String, mainPort: PKSendPort?, checkInRight: PKSendPort, watchLauncher: Bool = false,
-        setUp: (PKWorkerContext) throws -> Void
+        name: String, mainPort: PKSendPort?, checkInRight: PKSendPort, checkInVia: PKSendPort? = nil,
+        watchLauncher: Bool = false, setUp: (PKWorkerContext) throws -> Void
     ) throws(PKError) {
         let loop = PKRunLoop.current
         let port = PKReceivePort()
@@ -95,7 +101,7 @@ enum WorkerRuntime {
         }
         // Listing 3-15: send the check-in message, the worker's port as the reply port.
         let checkIn = PKPortMessage(msgid: PKCheckIn.messageID, data: context.checkInData, replyPort: port.makeSendRight())
-        do { try checkInRight.send(checkIn, before: .after(PKCheckIn.defaultTimeout)) } catch {
+        do { try (checkInVia ?? checkInRight).send(checkIn, before: .after(PKCheckIn.defaultTimeout)) } catch {
             throw PKError(.checkInFailed, "worker \(name): the check-in message could not be sent: \(error.message)")
         }
         var launcherWatch: PKInvalidationWatch?

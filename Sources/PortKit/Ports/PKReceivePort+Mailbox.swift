@@ -50,12 +50,20 @@ extension PKReceivePort {
         }
     }
 
-    /// The receiver of an in-process message gets rights of its own, exactly as across
-    /// processes: each port in it becomes a new connection to that port (a Mach send right of
-    /// the receiver's), which counts as a sender and can be invalidated on its own.
+    /// The receiver of an in-process message gets rights of its own, as across processes: a
+    /// port of this process becomes a `LocalRight` (no socket), any other a new connection;
+    /// either counts as a sender and can be invalidated on its own, as a Mach send right.
     private static func ownRights(for message: PKPortMessage, before deadline: PKDeadline) throws(PKError) -> PKPortMessage {
         func own(_ right: PKSendPort) throws(PKError) -> PKSendPort {
-            PKSendPort(connection: SendConnection(takingOwnershipOf: try right.makeTransferDescriptor(before: deadline)))
+            switch right.storage {
+            case .local(let port):
+                return PKSendPort(localRight: LocalRight(port: port))
+            case .localRight(let existing):
+                guard existing.isValid else { throw PKError(.invalidPort, "cannot send a port: the send right was invalidated") }
+                return PKSendPort(localRight: LocalRight(port: existing.port))
+            case .connection:
+                return PKSendPort(connection: SendConnection(takingOwnershipOf: try right.makeTransferDescriptor(before: deadline)))
+            }
         }
         var result = message
         if let reply = message.replyPort { result.replyPort = try own(reply) }

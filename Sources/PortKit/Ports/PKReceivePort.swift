@@ -51,6 +51,10 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         /// Senders waiting for room in a full mailbox, and the eventfd that wakes them.
         var waitingSenders = 0
         var roomSignal: Int32 = -1
+        /// In-process rights of their own (`LocalRight`) alive, and whether the last one left
+        /// since the loop last looked.
+        var localSenders = 0
+        var localSendersGone = false
         var invalidationRequested = false
         /// Watches on local send rights: told when the port is invalidated.
         var watchers: [Int: Watcher] = [:]
@@ -62,6 +66,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         let loop: PKRunLoop
         let mode: PKRunLoopMode
         let handler: () -> Void
+        /// The in-process right whose own invalidation also fires the watch.
+        var right: ObjectIdentifier?
     }
     let shared = PKMutex<Shared>(Shared())
 
@@ -79,6 +85,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// Drops accepted connections that did not greet in time.
     private var greetingTimer: PKTimer?
     private var isDelivering = false
+    /// A sender left during a delivery: look for no-senders once it ends.
+    private var noSendersCheckPending = false
     private var invalidationDelivered = false
     /// A scheduled port is kept alive by its loop, as `-[NSRunLoop addPort:forMode:]` retains
     /// its port: the guide's ports live in no variable but the run loop. Released when the port
@@ -163,8 +171,14 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// Whether the calling thread runs this port's loop.
     var isOwnedByCurrentThread: Bool { runLoop?.isOwnedByCurrentThread ?? false }
 
-    func addInvalidationWatcher(loop: PKRunLoop, mode: PKRunLoopMode, _ handler: @escaping () -> Void) -> Int {
-        let watcher = Watcher(loop: loop, mode: mode, handler: handler)
+    func addInvalidationWatcher(
+        loop: PKRunLoop, mode: PKRunLoopMode, _ handler: @escaping () -> Void, right: LocalRight? = nil
+    ) -> Int {
+        if let right, !right.isValid {
+            Self.notify(Watcher(loop: loop, mode: mode, handler: handler))
+            return 0
+        }
+        let watcher = Watcher(loop: loop, mode: mode, handler: handler, right: right.map(ObjectIdentifier.init))
         let token: Int? = shared.withLock { state in
             guard state.isValid else { return nil }
             state.nextWatcher += 1
@@ -180,6 +194,29 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
 
     func removeInvalidationWatcher(_ token: Int) {
         _ = shared.withLock { $0.watchers.removeValue(forKey: token) }
+    }
+
+    /// A `LocalRight` to this port was made. Safe from any thread.
+    func localSenderArrived() { shared.withLock { $0.localSenders += 1 } }
+
+    /// A `LocalRight` to this port was invalidated (`right`) or released. Safe from any thread.
+    func localSenderLeft(_ right: LocalRight? = nil) {
+        let id = right.map(ObjectIdentifier.init)
+        let (loop, last, fired) = shared.withLock { state -> (PKRunLoop?, Bool, [Watcher]) in
+            state.localSenders -= 1
+            var fired: [Watcher] = []
+            if let id {
+                for (token, watcher) in state.watchers where watcher.right == id {
+                    fired.append(watcher)
+                    state.watchers[token] = nil
+                }
+            }
+            let last = state.localSenders == 0 && state.isValid
+            if last { state.localSendersGone = true }
+            return (state.loop, last, fired)
+        }
+        for watcher in fired { Self.notify(watcher) }
+        if last, let loop { adopter.signal(waking: loop) }
     }
 
     private static func notify(_ watcher: Watcher) {
@@ -322,16 +359,26 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     private func performDeferredWork() {
         if shared.withLock({ $0.invalidationRequested }) { finishInvalidation(); return }
         adoptPending()
-        let arrived = takeMailbox()
-        if !arrived.isEmpty {
-            if localQueueHead == localQueue.count {
-                localQueue = arrived
-                localQueueHead = 0
-            } else {
-                localQueue.append(contentsOf: arrived)
-            }
-        }
+        absorbMailbox()
         deliverQueuedMessages()
+        // The last in-process right left, after every message it sent was delivered.
+        let lastLocalLeft = shared.withLock { state in
+            defer { state.localSendersGone = false }
+            return state.localSendersGone && state.localSenders == 0
+        }
+        if lastLocalLeft && connections.isEmpty && isValid { onNoSenders?() }
+    }
+
+    /// Moves what the mailbox holds into the local queue, to be delivered in order.
+    private func absorbMailbox() {
+        let arrived = takeMailbox()
+        guard !arrived.isEmpty else { return }
+        if localQueueHead == localQueue.count {
+            localQueue = arrived
+            localQueueHead = 0
+        } else {
+            localQueue.append(contentsOf: arrived)
+        }
     }
 
     private func finishInvalidation() {
@@ -450,6 +497,14 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
 
     private func deliverQueuedMessages() {
         guard !isDelivering else { return }
+        deliverQueuedMessagesOnce()
+        if noSendersCheckPending {
+            noSendersCheckPending = false
+            checkNoSenders()
+        }
+    }
+
+    private func deliverQueuedMessagesOnce() {
         isDelivering = true
         defer { isDelivering = false }
         var progressed = true
@@ -483,8 +538,20 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     private func drop(_ connection: ReceiveConnection) {
         guard connections.removeValue(forKey: ObjectIdentifier(connection)) != nil else { return }
         connection.close()
-        if connections.isEmpty && shared.withLock({ $0.pendingAdoptions.isEmpty }) && isValid {
-            onNoSenders?()
+        checkNoSenders()
+    }
+
+    /// Calls `onNoSenders` if the port has no sender left, after delivering everything they sent
+    /// (in memory too). During a delivery, the check waits for the delivery to end.
+    private func checkNoSenders() {
+        guard connections.isEmpty, isValid, shared.withLock({ $0.pendingAdoptions.isEmpty && $0.localSenders == 0 }) else { return }
+        if isDelivering {
+            noSendersCheckPending = true
+            return
         }
+        absorbMailbox()
+        if localQueueHead < localQueue.count { deliverQueuedMessages() }
+        guard connections.isEmpty, isValid else { return }
+        onNoSenders?()
     }
 }

@@ -56,6 +56,10 @@ extension PKSendPort {
         case .local(let port):
             let token = port.addInvalidationWatcher(loop: loop, mode: mode, handler)
             return PKInvalidationWatch(port: port, token: token)
+        case .localRight(let right):
+            // The port's death, or this right's own invalidation (which the port reports too).
+            let token = right.port.addInvalidationWatcher(loop: loop, mode: mode, handler, right: right)
+            return PKInvalidationWatch(port: right.port, token: token)
         case .connection(let connection):
             // A loop's epoll registers a descriptor once: each watch (several watches, or a
             // watch and a request's, on one right) watches a duplicate of its own.

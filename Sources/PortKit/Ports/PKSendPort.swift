@@ -20,17 +20,23 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
     enum Storage: Sendable {
         case connection(SendConnection)
         case local(PKReceivePort)
+        /// A right of its own to a port of this process, received in an in-process message.
+        case localRight(LocalRight)
     }
     let storage: Storage
 
     init(connection: SendConnection) { self.storage = .connection(connection) }
     init(local port: PKReceivePort) { self.storage = .local(port) }
+    init(localRight right: LocalRight) { self.storage = .localRight(right) }
 
     /// A descriptor to attach to a message so that its receiver gets a send right of its own.
     func makeTransferDescriptor(before deadline: PKDeadline) throws(PKError) -> Int32 {
         switch storage {
         case .connection(let connection): return try connection.makeTransferDescriptor(before: deadline)
         case .local(let port): return try port.makeTransferDescriptor()
+        case .localRight(let right):
+            guard right.isValid else { throw PKError(.invalidPort, "cannot send a port: the send right was invalidated") }
+            return try right.port.makeTransferDescriptor()
         }
     }
 
@@ -55,6 +61,10 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         case .local(let port):
             // Within the process, the message is handed over in memory.
             try port.enqueueLocal(message, before: deadline)
+            return
+        case .localRight(let right):
+            guard right.isValid else { throw PKError(.invalidPort, "cannot send: the send right was invalidated") }
+            try right.port.enqueueLocal(message, before: deadline)
             return
         case .connection(let over):
             connection = over
@@ -112,6 +122,7 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         switch storage {
         case .connection(let connection): connection.isValid
         case .local(let port): port.isValid
+        case .localRight(let right): right.isValid
         }
     }
 
@@ -121,13 +132,18 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
     /// A right that `PKReceivePort.makeSendRight()` made in the port's own thread or process
     /// lives as long as the port: invalidating it does nothing; invalidate the port instead.
     public func invalidate() {
-        if case .connection(let connection) = storage { connection.invalidate(reason: "the send right was invalidated") }
+        switch storage {
+        case .connection(let connection): connection.invalidate(reason: "the send right was invalidated")
+        case .localRight(let right): right.invalidate()
+        case .local: break
+        }
     }
 
     public var description: String {
         switch storage {
         case .connection(let connection): "PKSendPort(fd \(connection.fd)\(isValid ? "" : ", invalid"))"
         case .local(let port): "PKSendPort(local \(port))"
+        case .localRight(let right): "PKSendPort(in-process \(right.port)\(right.isValid ? "" : ", invalid"))"
         }
     }
 
@@ -135,6 +151,7 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         switch storage {
         case .connection(let connection): ObjectIdentifier(connection)
         case .local(let port): ObjectIdentifier(port)
+        case .localRight(let right): ObjectIdentifier(right)
         }
     }
 

@@ -201,7 +201,9 @@ import Testing
             let port = PKReceivePort { log.add("message \($0.msgid)") }
             port.onNoSenders = { log.add("no senders") }
             try loop.add(port, forMode: .default)
-            let right = try rightsByMessage(to: port, count: 1, on: loop)[0]
+            // A right over a connection of its own (an in-process message would carry an
+            // in-process right, which has no socket to break).
+            let right = PKSendPort(connection: SendConnection(takingOwnershipOf: try port.makeTransferDescriptor()))
             var watchFired = 0
             try right.watchInvalidation(on: loop, forMode: .default) { watchFired += 1 }
             try right.send(PKPortMessage(msgid: 1), timeout: .seconds(1))
