@@ -270,7 +270,9 @@ struct WireDecoder {
                                         + "bytes past the end of frame \(header.msgid)")
                 }
                 let payload = UnsafeRawBufferPointer(rebasing: raw[offset..<offset + length])
-                components.append(.data([UInt8](unsafeUninitializedCapacity: length) { bytes, initialized in
+                // An empty payload is `[]`: `unsafeUninitializedCapacity` with capacity 0 writes
+                // the count into the shared empty-array storage, which ThreadSanitizer reports.
+                components.append(.data(length == 0 ? [] : [UInt8](unsafeUninitializedCapacity: length) { bytes, initialized in
                     UnsafeMutableRawBufferPointer(bytes).copyMemory(from: payload)
                     initialized = length
                 }))
