@@ -68,7 +68,7 @@ model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.sta
 json.dump({
     "cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
     "swift": sh("swift --version 2>&1 | head -1"), "load_before": open("/proc/loadavg").read().split()[:3],
-    "commit": os.environ.get("PKBENCH_COMMIT") or sh("git -C .. rev-parse --short HEAD"),
+    "commit": os.environ.get("PKBENCH_COMMIT") or sh("git -C .. rev-parse --short HEAD 2>/dev/null") or "unknown",
     "dirty": False if os.environ.get("PKBENCH_COMMIT") else bool(sh("git -C .. status --porcelain -- ../Sources ../Package.swift")),
     "short": sys.argv[2] == "1", "zeromq": sys.argv[3] == "yes",
 }, open(sys.argv[1], "w"))
