@@ -137,8 +137,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// A send right to this port, for this process's threads or to put in a message
     /// (`+[NSMachPort port]` used as a remote port). Safe from any thread.
     ///
-    /// The right lives as long as the port; the connection behind it is made when it is first
-    /// used to send, and is shared by every right `makeSendRight()` returns.
+    /// The right lives as long as the port. Messages sent through it are handed over in memory
+    /// (the port's mailbox, no socket); put in a message, it reaches the receiver as a right of
+    /// its own (in-process, or a new connection across processes).
     public func makeSendRight() -> PKSendPort { PKSendPort(local: self) }
 
     /// A new connection to this port, as a descriptor to attach to a message.
