@@ -3,7 +3,8 @@
 #include "CPortKit.h"
 
 pid_t pk_gettid(void) {
-    static _Thread_local pid_t cached = 0;
+    // initial-exec: a direct %fs access instead of a __tls_get_addr call on every loop-only check.
+    static _Thread_local pid_t cached __attribute__((tls_model("initial-exec"))) = 0;
     if (cached == 0) cached = gettid();
     return cached;
 }

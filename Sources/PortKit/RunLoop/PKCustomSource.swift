@@ -26,6 +26,8 @@ public final class PKCustomSource: @unchecked Sendable {
     private let signalled = Atomic<Bool>(false)
     private let valid = Atomic<Bool>(true)
     private let link = LoopLink()
+    /// The modes of its loop the source is in. Loop-only.
+    var modes: [PKRunLoopMode] = []
     /// The loop the source was added to.
     var loop: PKRunLoop? {
         get { link.loop }
@@ -55,7 +57,7 @@ public final class PKCustomSource: @unchecked Sendable {
     /// Marks the source as ready to perform (`CFRunLoopSourceSignal`). Safe from any thread;
     /// it does not wake the loop: call `PKRunLoop.wakeUp()` too, or use `signal(waking:)`.
     public func signal() {
-        if !signalled.exchange(true, ordering: .acquiringAndReleasing) { loop?.noteSignalled() }
+        if !signalled.exchange(true, ordering: .acquiringAndReleasing) { loop?.noteSignalled(self) }
     }
 
     /// Signals the source and wakes `loop` so it performs the source promptly.

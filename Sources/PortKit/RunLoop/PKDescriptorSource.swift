@@ -41,7 +41,8 @@ public final class PKDescriptorSource: @unchecked Sendable {
     let cancelHandler: (() -> Void)?
     weak var loop: PKRunLoop?
     var token: UInt64 = 0
-    var modes: Set<PKRunLoopMode> = []
+    /// The modes the source is in (a few at most: an array, compared without hashing).
+    var modes: [PKRunLoopMode] = []
     /// The events epoll is watching for this source, or nil when it is not registered.
     var registeredEvents: UInt32?
 
@@ -76,6 +77,9 @@ public final class PKDescriptorSource: @unchecked Sendable {
     }
 
     /// The epoll event mask for `events`, or nil when nothing is to be watched.
+    @inline(__always)
+    func isIn(_ mode: PKRunLoopMode) -> Bool { modes.contains(mode) }
+
     var epollMask: UInt32? {
         if events.isEmpty { return nil }
         var mask = Epoll.readHangUp

@@ -14,7 +14,7 @@ extension PKRunLoop {
         for timer in commonItems.timers { insert(timer, into: mode) }
         for observer in commonItems.observers { insert(observer, into: mode) }
         for token in commonItems.descriptorTokens {
-            if let source = descriptorSources[token] { insert(source, into: mode) }
+            if let source = descriptorSource(token) { insert(source, into: mode) }
         }
     }
 
@@ -48,8 +48,9 @@ extension PKRunLoop {
         assertOwner("remove(_:forMode:)")
         if mode == .common { commonItems.customSources.removeAll { $0 === source } }
         for m in resolve(mode) {
-            guard let index = modeItems[m]?.customSources.firstIndex(where: { $0 === source }) else { continue }
-            modeItems[m]!.customSources.remove(at: index)
+            guard let items = record(m), let index = items.customSources.firstIndex(where: { $0 === source }) else { continue }
+            items.customSources.remove(at: index)
+            source.modes.removeAll { $0 == m }
             source.cancelled(on: self, mode: m)
         }
     }
@@ -57,16 +58,16 @@ extension PKRunLoop {
     /// Whether `mode` contains `source`. Loop-only.
     public func contains(_ source: PKCustomSource, inMode mode: PKRunLoopMode) -> Bool {
         assertOwner("contains(_:inMode:)")
-        return modeItems[mode]?.customSources.contains { $0 === source } ?? false
+        return record(mode)?.customSources.contains { $0 === source } ?? false
     }
 
     private func insert(_ source: PKCustomSource, into mode: PKRunLoopMode) {
-        var items = modeItems[mode, default: ModeItems()]
+        let items = recordMaking(mode)
         guard !items.customSources.contains(where: { $0 === source }) else { return }
         let index = items.customSources.firstIndex { $0.order > source.order } ?? items.customSources.endIndex
         items.customSources.insert(source, at: index)
-        modeItems[mode] = items
-        if source.isSignalled { noteSignalled() }
+        source.modes.append(mode)
+        if source.isSignalled { noteSignalled(source) }
         source.scheduled(on: self, mode: mode)
     }
 
@@ -90,13 +91,13 @@ extension PKRunLoop {
     public func remove(_ timer: PKTimer, forMode mode: PKRunLoopMode) {
         assertOwner("remove(_:forMode:)")
         if mode == .common { commonItems.timers.removeAll { $0 === timer } }
-        for m in resolve(mode) { modeItems[m]?.timers.removeAll { $0 === timer } }
+        for m in resolve(mode) { record(m)?.timers.removeAll { $0 === timer } }
     }
 
     /// Whether `mode` contains `timer`. Loop-only.
     public func contains(_ timer: PKTimer, inMode mode: PKRunLoopMode) -> Bool {
         assertOwner("contains(_:inMode:)")
-        return modeItems[mode]?.timers.contains { $0 === timer } ?? false
+        return record(mode)?.timers.contains { $0 === timer } ?? false
     }
 
     /// Makes a timer, adds it to `mode` and returns it
@@ -112,10 +113,9 @@ extension PKRunLoop {
     }
 
     private func insert(_ timer: PKTimer, into mode: PKRunLoopMode) {
-        var items = modeItems[mode, default: ModeItems()]
+        let items = recordMaking(mode)
         guard !items.timers.contains(where: { $0 === timer }) else { return }
         items.timers.append(timer)
-        modeItems[mode] = items
     }
 
     // MARK: - Observers
@@ -135,15 +135,19 @@ extension PKRunLoop {
     public func remove(_ observer: PKRunLoopObserver, forMode mode: PKRunLoopMode) {
         assertOwner("remove(_:forMode:)")
         if mode == .common { commonItems.observers.removeAll { $0 === observer } }
-        for m in resolve(mode) { modeItems[m]?.observers.removeAll { $0 === observer } }
+        for m in resolve(mode) {
+            guard let items = record(m) else { continue }
+            items.observers.removeAll { $0 === observer }
+            items.observersChanged()
+        }
     }
 
     private func insert(_ observer: PKRunLoopObserver, into mode: PKRunLoopMode) {
-        var items = modeItems[mode, default: ModeItems()]
+        let items = recordMaking(mode)
         guard !items.observers.contains(where: { $0 === observer }) else { return }
         let index = items.observers.firstIndex { $0.order > observer.order } ?? items.observers.endIndex
         items.observers.insert(observer, at: index)
-        modeItems[mode] = items
+        items.observersChanged()
     }
 
     // MARK: - Descriptor sources
@@ -157,16 +161,14 @@ extension PKRunLoop {
         precondition(source.loop == nil || source.loop === self, "PKRunLoop.add: a descriptor source belongs to one run loop")
         if source.loop == nil {
             source.loop = self
-            source.token = nextToken
-            nextToken += 1
-            descriptorSources[source.token] = source
+            source.token = takeSlot(for: source)
         }
         if mode == .common { commonItems.descriptorTokens.insert(source.token) }
         for m in resolve(mode) { insert(source, into: m) }
         // Watch it now unless the loop runs a mode the source is not in: a loop that is not
         // running may be hosted through `descriptor`, which must become readable for it, and
         // epoll's refusal is reported here, by this call.
-        let watchedNow = currentMode.map { source.modes.contains($0) } ?? true
+        let watchedNow = currentMode.map { source.isIn($0) } ?? true
         if watchedNow, source.registeredEvents == nil {
             do throws(PKError) {
                 try register(source)
@@ -188,8 +190,8 @@ extension PKRunLoop {
         guard source.loop === self else { return }
         if mode == .common { commonItems.descriptorTokens.remove(source.token) }
         for m in resolve(mode) {
-            source.modes.remove(m)
-            modeItems[m]?.descriptorTokens.remove(source.token)
+            source.modes.removeAll { $0 == m }
+            record(m)?.descriptorTokens.remove(source.token)
         }
         if source.modes.isEmpty {
             unregister(source)
@@ -200,17 +202,49 @@ extension PKRunLoop {
     func removeDescriptorSourceEverywhere(_ source: PKDescriptorSource) {
         assertOwner("invalidate()")
         unregister(source)
-        for m in source.modes { modeItems[m]?.descriptorTokens.remove(source.token) }
+        for m in source.modes { record(m)?.descriptorTokens.remove(source.token) }
         commonItems.descriptorTokens.remove(source.token)
         source.modes = []
         parkedSources.remove(source.token)
-        descriptorSources[source.token] = nil
+        releaseSlot(of: source)
         source.markInvalid()
     }
 
     private func insert(_ source: PKDescriptorSource, into mode: PKRunLoopMode) {
-        source.modes.insert(mode)
-        modeItems[mode, default: ModeItems()].descriptorTokens.insert(source.token)
+        if !source.isIn(mode) { source.modes.append(mode) }
+        recordMaking(mode).descriptorTokens.insert(source.token)
+    }
+
+    /// A slot for a new descriptor source, and its token.
+    private func takeSlot(for source: PKDescriptorSource) -> UInt64 {
+        let slot: Int
+        if let free = freeSlots.popLast() {
+            slot = free
+            descriptorSlots[slot] = source
+        } else {
+            slot = descriptorSlots.count
+            descriptorSlots.append(source)
+        }
+        let generation = nextGeneration & 0xFFFF_FFFF
+        nextGeneration += 1
+        return generation << 32 | UInt64(slot) + Token.firstSource
+    }
+
+    private func releaseSlot(of source: PKDescriptorSource) {
+        guard descriptorSource(source.token) === source else { return }
+        let slot = Int(source.token & 0xFFFF_FFFF - Token.firstSource)
+        descriptorSlots[slot] = nil
+        freeSlots.append(slot)
+    }
+
+    /// The source a token names, if it is still in the loop.
+    @inline(__always)
+    func descriptorSource(_ token: UInt64) -> PKDescriptorSource? {
+        let low = token & 0xFFFF_FFFF
+        guard low >= Token.firstSource else { return nil }
+        let slot = Int(low - Token.firstSource)
+        guard slot < descriptorSlots.count, let source = descriptorSlots[slot], source.token == token else { return nil }
+        return source
     }
 
     func register(_ source: PKDescriptorSource) throws(PKError) {
@@ -244,8 +278,8 @@ extension PKRunLoop {
 
     func registerParkedSources(for mode: PKRunLoopMode) {
         for token in parkedSources {
-            guard let source = descriptorSources[token] else { parkedSources.remove(token); continue }
-            guard source.modes.contains(mode), source.epollMask != nil else { continue }
+            guard let source = descriptorSource(token) else { parkedSources.remove(token); continue }
+            guard source.isIn(mode), source.epollMask != nil else { continue }
             parkedSources.remove(token)
             do throws(PKError) { try register(source) } catch {
                 // It was accepted once; a failure now means the descriptor changed under us.
@@ -257,30 +291,31 @@ extension PKRunLoop {
     // MARK: - Emptiness
 
     /// Drops invalidated sources, timers and observers from `mode`, calling `cancel` routines.
-    func purgeInvalid(_ mode: PKRunLoopMode) {
+    func purgeInvalid(_ items: ModeRecord) {
         // Only when something may have been invalidated since this mode's last purge.
         let count = invalidationCount
-        guard let purgedAt = modeItems[mode]?.purgedAt, purgedAt != count else { return }
-        modeItems[mode]!.purgedAt = count
+        guard items.purgedAt != count else { return }
+        items.purgedAt = count
         var cancelled: [PKCustomSource] = []
-        modeItems[mode]!.customSources.removeAll { source in
+        items.customSources.removeAll { source in
             if source.isValid { return false }
             cancelled.append(source)
             return true
         }
-        modeItems[mode]!.timers.removeAll { !$0.isValid }
-        modeItems[mode]!.observers.removeAll { !$0.isValid }
+        items.timers.removeAll { !$0.isValid }
+        items.observers.removeAll { !$0.isValid }
+        items.observersChanged()
         if !cancelled.isEmpty {
             commonItems.customSources.removeAll { !$0.isValid }
-            for source in cancelled { source.cancelled(on: self, mode: mode) }
+            for source in cancelled {
+                source.modes.removeAll { $0 == items.mode }
+                source.cancelled(on: self, mode: items.mode)
+            }
         }
         commonItems.timers.removeAll { !$0.isValid }
         commonItems.observers.removeAll { !$0.isValid }
     }
 
     /// Whether `mode` has nothing that could end a wait: no sources and no timers.
-    func isEmpty(_ mode: PKRunLoopMode) -> Bool {
-        guard let items = modeItems[mode] else { return true }
-        return items.customSources.isEmpty && items.descriptorTokens.isEmpty && items.timers.isEmpty
-    }
+    func isEmpty(_ mode: PKRunLoopMode) -> Bool { record(mode)?.isEmpty ?? true }
 }

@@ -52,14 +52,28 @@ public final class PKRunLoop: @unchecked Sendable {
     private let stopRequested = Atomic<Bool>(false)
     private let performQueue = PKMutex<[(modes: [PKRunLoopMode], block: @Sendable () -> Void)]>([])
     private let performCount = Atomic<Int>(0)
+    /// Custom sources signalled since the loop last looked, in the order they were signalled:
+    /// a pass performs these, never scanning the mode's other sources.
+    private let signalledQueue = PKMutex<[PKCustomSource]>([])
 
     // Loop-only state.
-    var modeItems: [PKRunLoopMode: ModeItems] = [:]
+    var modeItems: [PKRunLoopMode: ModeRecord] = [:]
+    /// The record the last lookup found, so that runs of one mode hash its name once.
+    private var lastRecord: ModeRecord?
     var commonModes: Set<PKRunLoopMode> = [.default]
-    var commonItems = ModeItems()
-    var descriptorSources: [UInt64: PKDescriptorSource] = [:]
+    var commonItems = ModeRecord(mode: .common)
+    /// Descriptor sources by slot (the low 32 bits of a token, less `Token.firstSource`); the
+    /// high 32 bits are a generation, so an event for a source removed earlier in the same
+    /// batch never reaches a newer source in its slot.
+    var descriptorSlots: [PKDescriptorSource?] = []
+    var freeSlots: [Int] = []
+    var nextGeneration: UInt64 = 1
     var parkedSources: Set<UInt64> = []
-    var nextToken: UInt64 = Token.firstSource
+    /// Signalled sources taken from `signalledQueue` that are not in the running mode: they
+    /// wait for a run in one of their modes.
+    private var deferredSignalled: [PKCustomSource] = []
+    /// The other half of `signalledQueue`'s buffer, swapped in under the lock.
+    private var spareSignalled: [PKCustomSource] = []
     private(set) var currentMode: PKRunLoopMode?
     private var armedTimer: UInt64?
     private let ended = Atomic<Bool>(false)
@@ -72,14 +86,44 @@ public final class PKRunLoop: @unchecked Sendable {
         static let firstSource: UInt64 = 2
     }
 
-    /// The items of one mode.
-    struct ModeItems {
+    /// The items of one mode. A reference, so that a run resolves its mode once and every
+    /// step of a pass reaches the items without hashing the mode's name.
+    final class ModeRecord {
+        let mode: PKRunLoopMode
         var customSources: [PKCustomSource] = []
         var descriptorTokens: Set<UInt64> = []
         var timers: [PKTimer] = []
         var observers: [PKRunLoopObserver] = []
+        /// The activities some observer of this mode watches: a pass skips the others.
+        var observedActivities: PKRunLoopActivity = []
         /// The value of `invalidations` when this mode was last purged.
         var purgedAt: UInt64 = .max
+
+        init(mode: PKRunLoopMode) { self.mode = mode }
+
+        var isEmpty: Bool { customSources.isEmpty && descriptorTokens.isEmpty && timers.isEmpty }
+
+        func observersChanged() {
+            observedActivities = observers.reduce(into: []) { $0.formUnion($1.activities) }
+        }
+    }
+
+    /// The record of `mode`, if it has ever had an item. Loop-only.
+    @inline(__always)
+    func record(_ mode: PKRunLoopMode) -> ModeRecord? {
+        if let last = lastRecord, last.mode == mode { return last }
+        let found = modeItems[mode]
+        if found != nil { lastRecord = found }
+        return found
+    }
+
+    /// The record of `mode`, made if it has none. Loop-only.
+    func recordMaking(_ mode: PKRunLoopMode) -> ModeRecord {
+        if let found = record(mode) { return found }
+        let made = ModeRecord(mode: mode)
+        modeItems[mode] = made
+        lastRecord = made
+        return made
     }
 
     /// One run's buffers for `epoll_wait`, reused by every run at that nesting depth.
@@ -136,8 +180,12 @@ public final class PKRunLoop: @unchecked Sendable {
 
     // MARK: - Cross-thread operations
 
-    /// Notes that a custom source of this loop was signalled. Safe from any thread.
-    func noteSignalled() { signalHint.store(true, ordering: .releasing) }
+    /// Notes that a custom source of this loop was signalled: its next pass in one of the
+    /// source's modes performs it. Safe from any thread.
+    func noteSignalled(_ source: PKCustomSource) {
+        signalledQueue.withLock { $0.append(source) }
+        signalHint.store(true, ordering: .releasing)
+    }
 
     /// Notes that an item of this loop was invalidated. Safe from any thread.
     func noteInvalidation() { invalidations.add(1, ordering: .releasing) }
@@ -190,8 +238,9 @@ public final class PKRunLoop: @unchecked Sendable {
         assertOwner("run(in:until:returnAfterSourceHandled:)")
         precondition(mode != .common, "PKRunLoop.run: a loop cannot run in the common-modes pseudo-mode; run a real mode such as .default")
         if threadEnded { return .finished }
-        purgeInvalid(mode)
-        if isEmpty(mode) { return .finished }
+        guard let record = record(mode) else { return .finished }
+        purgeInvalid(record)
+        if record.isEmpty { return .finished }
         let previous = currentMode
         currentMode = mode
         // Signalled sources of this mode may have been skipped while another mode ran.
@@ -205,9 +254,9 @@ public final class PKRunLoop: @unchecked Sendable {
             // `descriptor` learns that way when its next timer is due.
             armTimer(for: previous ?? mode)
         }
-        notifyObservers(.entry, mode)
-        let result = runPasses(mode, deadline, returnAfterSourceHandled)
-        notifyObservers(.exit, mode)
+        notifyObservers(.entry, record)
+        let result = runPasses(record, deadline, returnAfterSourceHandled)
+        notifyObservers(.exit, record)
         // Work that arrived during the last pass (a wake-up that found one already pending)
         // must keep `descriptor` readable for a host that runs one pass at a time.
         if result != .stopped && hasPendingWork(mode) { wakeUp() }
@@ -245,7 +294,8 @@ public final class PKRunLoop: @unchecked Sendable {
         run(in: mode, until: .distantPast)
     }
 
-    private func runPasses(_ mode: PKRunLoopMode, _ deadline: PKDeadline, _ returnAfter: Bool) -> PKRunLoopRunResult {
+    private func runPasses(_ record: ModeRecord, _ deadline: PKDeadline, _ returnAfter: Bool) -> PKRunLoopRunResult {
+        let mode = record.mode
         let capacity = EventBuffer.capacity
         if eventBuffers.count < runDepth { eventBuffers.append(EventBuffer()) }
         let buffer = eventBuffers[runDepth - 1]
@@ -255,21 +305,21 @@ public final class PKRunLoop: @unchecked Sendable {
         if stopRequested.exchange(false, ordering: .acquiringAndReleasing) { return .stopped }
         while true {
             if !parkedSources.isEmpty { registerParkedSources(for: mode) }
-            notifyObservers(.beforeTimers, mode)
-            notifyObservers(.beforeSources, mode)
+            notifyObservers(.beforeTimers, record)
+            notifyObservers(.beforeSources, record)
             runPerformBlocks(mode)
-            var handledSource = performCustomSources(mode)
+            var handledSource = performCustomSources(record)
             runPerformBlocks(mode)
             if handledSource && returnAfter { return .handledSource }
 
             let pollOnly = handledSource || hasPendingWork(mode)
-            armTimer(for: mode)
+            armTimer(for: record)
             let timeout: Int32 = pollOnly ? 0 : deadline.pollTimeoutMilliseconds(now: monotonicNanoseconds())
             // A pass that will not sleep (something ready, or the deadline passed) does not say so.
             let sleeps = timeout != 0
-            if sleeps { notifyObservers(.beforeWaiting, mode) }
+            if sleeps { notifyObservers(.beforeWaiting, record) }
             let count = (try? Epoll.wait(epollFD, events: readyEvents, tokens: readyTokens, capacity: capacity, timeoutMilliseconds: timeout)) ?? 0
-            if sleeps { notifyObservers(.afterWaiting, mode) }
+            if sleeps { notifyObservers(.afterWaiting, record) }
 
             for index in 0..<count {
                 switch readyTokens[index] {
@@ -287,7 +337,7 @@ public final class PKRunLoop: @unchecked Sendable {
             }
             // Due timers first (even if the timerfd has not been read yet), then ready
             // descriptor sources, as the pass above documents.
-            fireDueTimers(mode)
+            fireDueTimers(record)
             for index in 0..<count where readyTokens[index] >= Token.firstSource {
                 if handledSource && returnAfter { break }
                 if handleDescriptorEvent(token: readyTokens[index], mask: readyEvents[index], mode: mode) {
@@ -300,8 +350,8 @@ public final class PKRunLoop: @unchecked Sendable {
             if stopRequested.exchange(false, ordering: .acquiringAndReleasing) { return .stopped }
             if threadEnded { return .finished }
             if deadline.hasPassed { return .timedOut }
-            purgeInvalid(mode)
-            if isEmpty(mode) { return .finished }
+            purgeInvalid(record)
+            if record.isEmpty { return .finished }
         }
     }
 
@@ -311,9 +361,8 @@ public final class PKRunLoop: @unchecked Sendable {
         if performCount.load(ordering: .acquiring) > 0 && performQueue.withLock({ queue in queue.contains { modesMatch($0.modes, mode) } }) {
             return true
         }
-        guard let items = modeItems[mode] else { return false }
-        guard signalHint.load(ordering: .acquiring) else { return false }
-        return items.customSources.contains { $0.isSignalled && $0.isValid }
+        // A source signalled since this pass performed sources.
+        return signalHint.load(ordering: .acquiring)
     }
 
     // MARK: - Items in a pass
@@ -338,41 +387,66 @@ public final class PKRunLoop: @unchecked Sendable {
         modes.contains { $0 == mode || ($0 == .common && commonModes.contains(mode)) }
     }
 
-    private func performCustomSources(_ mode: PKRunLoopMode) -> Bool {
+    /// Performs the signalled sources of the running mode, in their order; those of other
+    /// modes wait in `deferredSignalled` for a run of theirs.
+    private func performCustomSources(_ record: ModeRecord) -> Bool {
         guard signalHint.exchange(false, ordering: .acquiringAndReleasing) else { return false }
-        guard let sources = modeItems[mode]?.customSources, !sources.isEmpty else { return false }
+        var candidates = spareSignalled
+        signalledQueue.withLock { swap(&$0, &candidates) }
+        if !deferredSignalled.isEmpty {
+            candidates.append(contentsOf: deferredSignalled)
+            deferredSignalled.removeAll(keepingCapacity: true)
+        }
+        defer {
+            candidates.removeAll(keepingCapacity: true)
+            spareSignalled = candidates
+        }
+        if candidates.count > 1 { orderCandidates(&candidates) }
         var handled = false
-        // `sources` is a snapshot: skip one that an earlier callback removed from the mode.
-        for source in sources where source.isSignalled && contains(source, in: mode) && source.performIfSignalled() {
-            handled = true
+        for source in candidates where source.isSignalled && source.isValid {
+            // Checked now, not when taken: an earlier callback may have removed it from the mode.
+            guard source.modes.contains(record.mode) else {
+                deferredSignalled.append(source)
+                continue
+            }
+            if source.performIfSignalled() { handled = true }
         }
         return handled
     }
 
-    private func fireDueTimers(_ mode: PKRunLoopMode) {
-        guard let timers = modeItems[mode]?.timers, !timers.isEmpty else { return }
+    /// Sorts signalled sources by order (stable), each once.
+    private func orderCandidates(_ candidates: inout [PKCustomSource]) {
+        var seen = Set<ObjectIdentifier>()
+        candidates = candidates.enumerated()
+            .filter { seen.insert(ObjectIdentifier($0.element)).inserted }
+            .sorted { ($0.element.order, $0.offset) < ($1.element.order, $1.offset) }
+            .map(\.element)
+    }
+
+    private func fireDueTimers(_ record: ModeRecord) {
+        let timers = record.timers
+        guard !timers.isEmpty else { return }
         let now = monotonicNanoseconds()
+        // Most passes find no timer due: look before making anything.
+        guard timers.contains(where: { $0.fireNanoseconds <= now }) else { return }
         let due = timers.filter { $0.isValid && !$0.isFiring && $0.fireNanoseconds <= now }
             .sorted { $0.fireNanoseconds < $1.fireNanoseconds }
         // `due` is a snapshot: skip a timer that an earlier callback removed or moved.
-        for timer in due where timer.isValid && timer.fireNanoseconds <= now && contains(timer, in: mode) {
+        for timer in due where timer.isValid && timer.fireNanoseconds <= now && record.timers.contains(where: { $0 === timer }) {
             timer.fireOnLoop(now: monotonicNanoseconds)
         }
     }
 
-    private func contains(_ source: PKCustomSource, in mode: PKRunLoopMode) -> Bool {
-        modeItems[mode]?.customSources.contains { $0 === source } ?? false
-    }
-
-    private func contains(_ timer: PKTimer, in mode: PKRunLoopMode) -> Bool {
-        modeItems[mode]?.timers.contains { $0 === timer } ?? false
-    }
-
-    /// Arms the timerfd at the latest moment that still fires every timer of `mode` within its
-    /// tolerance; re-arms only when that moment changes.
+    /// Arms the timerfd for `mode` (see `armTimer(for record:)`).
     func armTimer(for mode: PKRunLoopMode?) {
+        armTimer(for: mode.flatMap { record($0) })
+    }
+
+    /// Arms the timerfd at the latest moment that still fires every timer of the mode within
+    /// its tolerance; re-arms only when that moment changes.
+    private func armTimer(for record: ModeRecord?) {
         var earliest: UInt64? = nil
-        if let mode, let timers = modeItems[mode]?.timers {
+        if let timers = record?.timers {
             for timer in timers where timer.isValid && !timer.isFiring {
                 let latest = timer.latestNanoseconds
                 if earliest == nil || latest < earliest! { earliest = latest }
@@ -394,8 +468,8 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     private func handleDescriptorEvent(token: UInt64, mask: UInt32, mode: PKRunLoopMode) -> Bool {
-        guard let source = descriptorSources[token] else { return false }
-        guard source.modes.contains(mode) else {
+        guard let source = descriptorSource(token) else { return false }
+        guard source.isIn(mode) else {
             // Ready, but not in this mode: stop watching until a run in one of its modes.
             unregister(source)
             parkedSources.insert(token)
@@ -405,9 +479,10 @@ public final class PKRunLoop: @unchecked Sendable {
         return true
     }
 
-    func notifyObservers(_ activity: PKRunLoopActivity, _ mode: PKRunLoopMode) {
-        guard let observers = modeItems[mode]?.observers, !observers.isEmpty else { return }
-        for observer in observers { observer.call(activity) }
+    @inline(__always)
+    func notifyObservers(_ activity: PKRunLoopActivity, _ record: ModeRecord) {
+        guard record.observedActivities.contains(activity) else { return }
+        for observer in record.observers { observer.call(activity) }
     }
 
     // MARK: - Thread end
@@ -415,15 +490,18 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Called when the owning thread ends: every item leaves the loop (ports invalidate).
     func threadDidExit() {
         ended.store(true, ordering: .releasing)
-        for mode in Array(modeItems.keys) {
-            for source in modeItems[mode]?.customSources ?? [] { source.invalidate() }
-            for timer in modeItems[mode]?.timers ?? [] { timer.invalidate() }
-            for observer in modeItems[mode]?.observers ?? [] { observer.invalidate() }
-            purgeInvalid(mode)
+        for record in Array(modeItems.values) {
+            for source in record.customSources { source.invalidate() }
+            for timer in record.timers { timer.invalidate() }
+            for observer in record.observers { observer.invalidate() }
+            purgeInvalid(record)
         }
-        for source in Array(descriptorSources.values) { removeDescriptorSourceEverywhere(source) }
+        for case let source? in descriptorSlots { removeDescriptorSourceEverywhere(source) }
         modeItems = [:]
-        commonItems = ModeItems()
+        lastRecord = nil
+        commonItems = ModeRecord(mode: .common)
+        deferredSignalled = []
+        signalledQueue.withLock { $0.removeAll() }
         performQueue.withLock { $0.removeAll() }
     }
 }
