@@ -13,6 +13,8 @@ struct ReadScratch {
         let space = Socket.controlSpace(descriptors: maxDescriptors + 1)
         control = UnsafeMutableRawBufferPointer.allocate(byteCount: space, alignment: 8)
     }
+
+    func deallocate() { control.deallocate() }
 }
 
 final class ReceiveConnection {
@@ -95,6 +97,18 @@ final class ReceiveConnection {
 
     private func readOnce(into scratch: inout ReadScratch) -> ReadOutcome {
         guard !closed, !finished, !failed else { return .endOfStream }
+        // An idle connection keeps no read buffer of its own: it reads into its loop's.
+        guard let loop = source.loop else { return readOnceInPlace(into: &scratch) }
+        var outcome = ReadOutcome.idle
+        loop.withReadStorage { storage in
+            let borrowed = decoder.borrowStorage(&storage)
+            outcome = readOnceInPlace(into: &scratch)
+            if borrowed { decoder.reclaimStorage(&storage) }
+        }
+        return outcome
+    }
+
+    private func readOnceInPlace(into scratch: inout ReadScratch) -> ReadOutcome {
         var received: [Int32] = []
         var truncated = false
         var wouldBlock = false

@@ -75,6 +75,9 @@ public final class PKRunLoop: @unchecked Sendable {
     /// The other half of `signalledQueue`'s buffer, swapped in under the lock.
     private var spareSignalled: [PKCustomSource] = []
     private(set) var currentMode: PKRunLoopMode?
+    /// The read area every connection of this loop reads into while it holds no partial frame
+    /// (`WireDecoder.withBorrowedStorage`), so an idle connection costs no read buffer.
+    private var readStorage: [UInt8] = []
     private var armedTimer: UInt64?
     private let ended = Atomic<Bool>(false)
     /// Whether the loop's thread has ended (every item has left the loop). Safe from any thread.
@@ -483,6 +486,14 @@ public final class PKRunLoop: @unchecked Sendable {
     func notifyObservers(_ activity: PKRunLoopActivity, _ record: ModeRecord) {
         guard record.observedActivities.contains(activity) else { return }
         for observer in record.observers { observer.call(activity) }
+    }
+
+    /// Lends the loop's read area to `body`. Loop-only, and not re-entrant: `body` must not
+    /// run anything that reads another connection.
+    func withReadStorage(_ body: (inout [UInt8]) -> Void) {
+        body(&readStorage)
+        // A large message grew it: keep the usual size only.
+        if readStorage.count > 256 << 10 { readStorage = [] }
     }
 
     // MARK: - Thread end

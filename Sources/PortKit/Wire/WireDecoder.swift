@@ -104,6 +104,21 @@ struct WireDecoder {
         return count
     }
 
+    /// Lends `scratch`'s storage to the decoder's buffer if the buffer is empty (see
+    /// `WireReadBuffer.borrow(_:)`), so reading and decoding happen in shared memory; returns
+    /// whether it did. Hand it back with `reclaimStorage(_:)` before anyone else borrows it:
+    /// only an incomplete frame's bytes then stay with the decoder.
+    mutating func borrowStorage(_ scratch: inout [UInt8]) -> Bool {
+        guard buffer.count == 0 else { return false }
+        buffer.borrow(&scratch)
+        return true
+    }
+
+    /// Hands back storage lent by `borrowStorage(_:)`.
+    mutating func reclaimStorage(_ scratch: inout [UInt8]) {
+        buffer.reclaim(&scratch)
+    }
+
     /// Appends descriptors received with `SCM_RIGHTS`, in the order they arrived.
     ///
     /// Append a read's descriptors before the next call to `next()`: the decoder assumes that a

@@ -63,6 +63,34 @@ struct WireReadBuffer {
     }
 
     /// Drops everything and gives the memory back.
+    /// Lends the buffer `scratch`'s storage while the buffer holds no bytes: a reader with
+    /// many idle connections reads each one into one shared area instead of a large buffer of
+    /// its own. `reclaim(_:)` hands it back. `scratch` must be uniquely referenced.
+    mutating func borrow(_ scratch: inout [UInt8]) {
+        precondition(count == 0, "WireReadBuffer: borrowing scratch storage while holding \(count) bytes")
+        swap(&storage, &scratch)
+        start = 0
+        end = 0
+    }
+
+    /// Hands back storage lent by `borrow(_:)`, keeping only the unconsumed bytes, in storage of
+    /// the buffer's own that fits them.
+    mutating func reclaim(_ scratch: inout [UInt8]) {
+        swap(&storage, &scratch)
+        let live = end - start
+        let from = start
+        start = 0
+        end = 0
+        if storage.count > Self.retainedIdleCapacity { storage = [] }
+        guard live > 0 else { return }
+        scratch.withUnsafeBytes { source in
+            append(UnsafeRawBufferPointer(rebasing: source[from..<from + live]))
+        }
+    }
+
+    /// What an idle buffer keeps when it hands back borrowed storage.
+    private static let retainedIdleCapacity = 4096
+
     mutating func removeAll() {
         storage = []
         start = 0
