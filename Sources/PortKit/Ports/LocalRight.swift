@@ -6,18 +6,31 @@ import Synchronization
 
 final class LocalRight: Sendable {
     let port: PKReceivePort
+    /// The port's sender epoch when the right was made: `PKReceivePort.revokeSenders()` (a
+    /// reused reply port between two requests) ends every right of an earlier epoch.
+    let epoch: UInt64
     private let invalidated = Atomic<Bool>(false)
 
-    init(port: PKReceivePort) {
-        self.port = port
-        port.localSenderArrived()
+    /// A right of the port's current epoch.
+    convenience init(port: PKReceivePort) {
+        self.init(port: port, epoch: port.currentSenderEpoch)
     }
 
-    deinit { if !invalidated.load(ordering: .acquiring) { port.localSenderLeft() } }
+    /// A right of `epoch`: if that epoch has ended, the right is born invalid.
+    init(port: PKReceivePort, epoch: UInt64) {
+        self.port = port
+        self.epoch = epoch
+        if !port.localSenderArrived(epoch: epoch) { invalidated.store(true, ordering: .releasing) }
+    }
 
-    var isValid: Bool { !invalidated.load(ordering: .acquiring) && port.isValid }
+    deinit { if !invalidated.load(ordering: .acquiring) { port.localSenderLeft(epoch: epoch) } }
+
+    /// Whether `invalidate()` was called (the port's state aside).
+    var wasInvalidated: Bool { invalidated.load(ordering: .acquiring) }
+
+    var isValid: Bool { !invalidated.load(ordering: .acquiring) && port.acceptsSenders(ofEpoch: epoch) }
 
     func invalidate() {
-        if !invalidated.exchange(true, ordering: .acquiringAndReleasing) { port.localSenderLeft(self) }
+        if !invalidated.exchange(true, ordering: .acquiringAndReleasing) { port.localSenderLeft(self, epoch: epoch) }
     }
 }

@@ -12,13 +12,15 @@ extension PKReceivePort {
     }
 
     /// Queues `message` in the mailbox, waiting while it is full until `deadline`.
-    func enqueueLocal(_ message: PKPortMessage, before deadline: PKDeadline) throws(PKError) {
+    /// A sender's right of `epoch` (see `revokeSenders()`) must still be current.
+    func enqueueLocal(_ message: PKPortMessage, epoch: UInt64? = nil, before deadline: PKDeadline) throws(PKError) {
         let bytes = message.dataByteCount
         try checkLimits(message, dataBytes: bytes)
         let message = try Self.ownRights(for: message, before: deadline)
         while true {
             let outcome = try shared.withLock { state throws(PKError) -> MailboxOutcome in
                 guard state.isValid else { throw PKError(.invalidPort, "cannot send: the receive port was invalidated") }
+                if let epoch, epoch != state.senderEpoch { throw PKError(.invalidPort, "cannot send: the send right was invalidated") }
                 let roomy = state.mailbox.count < limits.maxQueuedMessages
                     && (state.mailboxBytes + bytes <= limits.maxQueuedBytes || state.mailbox.isEmpty)
                 if roomy {
@@ -60,7 +62,8 @@ extension PKReceivePort {
                 return PKSendPort(localRight: LocalRight(port: port))
             case .localRight(let existing):
                 guard existing.isValid else { throw PKError(.invalidPort, "cannot send a port: the send right was invalidated") }
-                return PKSendPort(localRight: LocalRight(port: existing.port))
+                // Of the same epoch: a right revoked meanwhile yields an invalid one.
+                return PKSendPort(localRight: LocalRight(port: existing.port, epoch: existing.epoch))
             case .connection:
                 return PKSendPort(connection: SendConnection(takingOwnershipOf: try right.makeTransferDescriptor(before: deadline)))
             }

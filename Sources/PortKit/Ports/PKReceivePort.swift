@@ -55,6 +55,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         /// since the loop last looked.
         var localSenders = 0
         var localSendersGone = false
+        /// Advanced by `revokeSenders()`: in-process rights of an earlier epoch are invalid.
+        var senderEpoch: UInt64 = 0
         var invalidationRequested = false
         /// Watches on local send rights: told when the port is invalidated.
         var watchers: [Int: Watcher] = [:]
@@ -143,26 +145,33 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// its own (in-process, or a new connection across processes).
     public func makeSendRight() -> PKSendPort { PKSendPort(local: self) }
 
-    /// A new connection to this port, as a descriptor to attach to a message.
-    func makeTransferDescriptor() throws(PKError) -> Int32 {
+    /// A new connection to this port, as a descriptor to attach to a message; for a right of
+    /// `epoch`, only while that epoch is current (see `revokeSenders()`).
+    func makeTransferDescriptor(epoch: UInt64? = nil) throws(PKError) -> Int32 {
         let (readEnd, writeEnd) = try Socket.pair()
         do throws(PKError) { try ConnectionSetup.writeGreeting(writeEnd) } catch {
             Descriptor.close(readEnd)
             Descriptor.close(writeEnd)
             throw error
         }
-        adoptFromAnyThread(readEnd)
+        guard adoptFromAnyThread(readEnd, epoch: epoch) else {
+            Descriptor.close(writeEnd)
+            throw PKError(.invalidPort, "cannot send a port: the send right was invalidated")
+        }
         return writeEnd
     }
 
-    /// Takes ownership of `fd`, the read end of a new connection, from any thread.
-    func adoptFromAnyThread(_ fd: Int32) {
+    /// Takes ownership of `fd`, the read end of a new connection, from any thread. Returns
+    /// whether the port took it (it is closed otherwise).
+    @discardableResult
+    func adoptFromAnyThread(_ fd: Int32, epoch: UInt64? = nil) -> Bool {
         let accepted = shared.withLock { state in
-            guard state.isValid else { return false }
+            guard state.isValid, epoch == nil || epoch == state.senderEpoch else { return false }
             state.pendingAdoptions.append(fd)
             return true
         }
         if accepted { adoptionQueued() } else { Descriptor.close(fd) }
+        return accepted
     }
 
     private func adoptionQueued() {
@@ -198,13 +207,31 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         _ = shared.withLock { $0.watchers.removeValue(forKey: token) }
     }
 
-    /// A `LocalRight` to this port was made. Safe from any thread.
-    func localSenderArrived() { shared.withLock { $0.localSenders += 1 } }
+    /// The sender epoch in-process rights made now belong to. Safe from any thread.
+    var currentSenderEpoch: UInt64 { shared.withLock { $0.senderEpoch } }
 
-    /// A `LocalRight` to this port was invalidated (`right`) or released. Safe from any thread.
-    func localSenderLeft(_ right: LocalRight? = nil) {
+    /// Whether the port is valid and rights of `epoch` still reach it. Safe from any thread.
+    func acceptsSenders(ofEpoch epoch: UInt64) -> Bool {
+        shared.withLock { $0.isValid && $0.senderEpoch == epoch }
+    }
+
+    /// A `LocalRight` of `epoch` to this port was made; returns whether that epoch is current
+    /// (if not, the right does not count as a sender and is invalid). Safe from any thread.
+    func localSenderArrived(epoch: UInt64) -> Bool {
+        shared.withLock { state in
+            guard state.senderEpoch == epoch else { return false }
+            state.localSenders += 1
+            return true
+        }
+    }
+
+    /// A `LocalRight` of `epoch` to this port was invalidated (`right`) or released. Safe from
+    /// any thread.
+    func localSenderLeft(_ right: LocalRight? = nil, epoch: UInt64) {
         let id = right.map(ObjectIdentifier.init)
         let (loop, last, fired) = shared.withLock { state -> (PKRunLoop?, Bool, [Watcher]) in
+            // A right of an epoch that `revokeSenders()` ended was already counted out.
+            guard state.senderEpoch == epoch else { return (nil, false, []) }
             state.localSenders -= 1
             var fired: [Watcher] = []
             if let id {
@@ -219,6 +246,38 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         }
         for watcher in fired { Self.notify(watcher) }
         if last, let loop { adopter.signal(waking: loop) }
+    }
+
+    /// Ends every sender of the port and drops whatever they sent that was not delivered, so
+    /// the port can be handed out afresh: in-process rights of the current epoch become
+    /// invalid (and their watchers are told), connections close, the mailbox empties. The
+    /// port stays valid and scheduled; `onNoSenders` is not called. Loop-only. A reply port
+    /// reused from one request to the next (`sendRequest`) is revoked between them, so that a
+    /// late answer to one request can never be taken for the answer to the next.
+    func revokeSenders() {
+        let (pending, fired) = shared.withLock { state -> ([Int32], [Watcher]) in
+            state.senderEpoch += 1
+            state.localSenders = 0
+            state.localSendersGone = false
+            state.mailbox = []
+            state.mailboxBytes = 0
+            if state.waitingSenders > 0 { EventFD.signal(state.roomSignal) }
+            let pending = state.pendingAdoptions
+            state.pendingAdoptions = []
+            var fired: [Watcher] = []
+            for (token, watcher) in state.watchers where watcher.right != nil {
+                fired.append(watcher)
+                state.watchers[token] = nil
+            }
+            return (pending, fired)
+        }
+        for watcher in fired { Self.notify(watcher) }
+        for fd in pending { Descriptor.close(fd) }
+        localQueue.removeAll(keepingCapacity: true)
+        localQueueHead = 0
+        let closing = connections.values
+        connections = [:]
+        for connection in closing { connection.close() }
     }
 
     private static func notify(_ watcher: Watcher) {

@@ -35,8 +35,8 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         case .connection(let connection): return try connection.makeTransferDescriptor(before: deadline)
         case .local(let port): return try port.makeTransferDescriptor()
         case .localRight(let right):
-            guard right.isValid else { throw PKError(.invalidPort, "cannot send a port: the send right was invalidated") }
-            return try right.port.makeTransferDescriptor()
+            guard !right.wasInvalidated else { throw PKError(.invalidPort, "cannot send a port: the send right was invalidated") }
+            return try right.port.makeTransferDescriptor(epoch: right.epoch)
         }
     }
 
@@ -63,8 +63,9 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
             try port.enqueueLocal(message, before: deadline)
             return
         case .localRight(let right):
-            guard right.isValid else { throw PKError(.invalidPort, "cannot send: the send right was invalidated") }
-            try right.port.enqueueLocal(message, before: deadline)
+            // The port's validity and the right's epoch are checked under the mailbox's lock.
+            guard !right.wasInvalidated else { throw PKError(.invalidPort, "cannot send: the send right was invalidated") }
+            try right.port.enqueueLocal(message, epoch: right.epoch, before: deadline)
             return
         case .connection(let over):
             connection = over

@@ -78,6 +78,9 @@ public final class PKRunLoop: @unchecked Sendable {
     /// The read area every connection of this loop reads into while it holds no partial frame
     /// (`WireDecoder.withBorrowedStorage`), so an idle connection costs no read buffer.
     private var readStorage: [UInt8] = []
+    /// `sendRequest`'s reusable reply ports and private modes, one per nesting depth.
+    var replySlots: [ReplySlot] = []
+    var requestDepth = 0
     private var armedTimer: UInt64?
     private let ended = Atomic<Bool>(false)
     /// Whether the loop's thread has ended (every item has left the loop). Safe from any thread.
@@ -512,6 +515,7 @@ public final class PKRunLoop: @unchecked Sendable {
         lastRecord = nil
         commonItems = ModeRecord(mode: .common)
         deferredSignalled = []
+        replySlots = []
         signalledQueue.withLock { $0.removeAll() }
         performQueue.withLock { $0.removeAll() }
     }

@@ -1,6 +1,7 @@
 // Synchronous request/reply (CFMessagePortSendRequest): the reply, each distinct error, and the
 // caller's other handlers staying quiet while it waits.
 
+import Glibc
 import Testing
 @testable import PortKit
 
@@ -206,5 +207,72 @@ import Testing
         }
         try server.joinPatiently()
         kept.value = []
+    }
+
+    /// A reply port is reused from one request to the next, its senders revoked in between: an
+    /// answer to a request that timed out, sent late, fails with `.invalidPort` and is never
+    /// taken for the answer to the next request.
+    @Test(arguments: Road.allCases)
+    func aLateAnswerIsRefusedAndNeverTakenForTheNext(_ road: Road) throws {
+        let kept = Locked<PKSendPort?>(nil)
+        let lateAnswer = Locked<PKError.Code?>(nil)
+        let server = try PortServer { port, _ in
+            port.handler = { message in
+                if message.msgid == 1 {
+                    kept.value = message.replyPort  // answered only later, too late
+                    return
+                }
+                if let stale = kept.value {
+                    lateAnswer.value = Self.code { try stale.send(PKPortMessage(msgid: 901), timeout: .seconds(5)) }
+                }
+                try? message.replyPort?.send(PKPortMessage(msgid: 902), timeout: .seconds(5))
+            }
+        }
+        let right = try Self.right(server, road)
+        let second = try onPortLoopThread { _ -> UInt32? in
+            let first = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .milliseconds(200)) }
+            guard first == .receiveTimedOut else { return nil }
+            return try right.sendRequest(PKPortMessage(msgid: 2), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))?.msgid
+        }
+        #expect(second == 902)
+        #expect(lateAnswer.value == .invalidPort)
+        kept.value = nil
+        try server.stop()
+    }
+
+    /// Requests reuse their loop's reply machinery: a thousand of them, by either road, leave
+    /// the loop with no more modes and the process with no more descriptors than the first
+    /// one did. Run in a child process, so that no other test's descriptors blur the count.
+    @Test func manyRequestsLeaveNothingBehind() async {
+        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+            var report: [String] = []
+            for road in Road.allCases {
+                do {
+                    let server = try PortServer { port, _ in
+                        port.handler = { try? $0.replyPort?.send(PKPortMessage(msgid: $0.msgid), timeout: .seconds(5)) }
+                    }
+                    let right = try Self.right(server, road)
+                    let counts = try onPortLoopThread { loop in
+                        _ = try right.sendRequest(PKPortMessage(msgid: 0), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
+                        let before = (loop.modeItems.count, openDescriptorCount())
+                        for id in UInt32(1)...1000 {
+                            _ = try right.sendRequest(PKPortMessage(msgid: id), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
+                        }
+                        return "modes \(before.0) -> \(loop.modeItems.count), descriptors \(before.1) -> \(openDescriptorCount())"
+                    }
+                    try server.stop()
+                    report.append("\(road): \(counts)")
+                } catch {
+                    report.append("\(road): \(error)")
+                }
+            }
+            print(report.joined(separator: "\n"))
+            let flat = report.allSatisfy { line in
+                let numbers = line.split(whereSeparator: { !$0.isNumber }).compactMap { Int($0) }
+                return numbers.count == 4 && numbers[0] == numbers[1] && numbers[2] == numbers[3]
+            }
+            exit(flat ? 0 : 1)
+        }
+        if let output = result?.standardOutputContent { print(String(decoding: output, as: UTF8.self)) }
     }
 }
