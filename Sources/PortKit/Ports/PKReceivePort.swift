@@ -25,19 +25,22 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     public let limits: PKPortLimits
 
     /// Called on the loop's thread with each message (`handlePortMessage:`).
-    public var handler: (PKPortMessage) -> Void
+    @exclusivity(unchecked) public var handler: (PKPortMessage) -> Void
 
     /// Called once on the loop's thread when the port becomes invalid.
-    public var onInvalidation: (() -> Void)?
+    @exclusivity(unchecked) public var onInvalidation: (() -> Void)?
 
     /// Called on the loop's thread each time the number of connected senders drops to zero.
-    public var onNoSenders: (() -> Void)?
+    @exclusivity(unchecked) public var onNoSenders: (() -> Void)?
 
     /// The loop the port is scheduled on, once it is.
     public var runLoop: PKRunLoop? { shared.withLock { $0.loop } }
 
     /// Whether the port can still receive. Safe from any thread.
-    public var isValid: Bool { shared.withLock { $0.isValid } }
+    public var isValid: Bool { valid.load(ordering: .acquiring) }
+
+    /// `shared.isValid`, readable without the lock (set false under it, never true again).
+    private let valid = Atomic<Bool>(true)
 
     /// State shared with other threads.
     struct Shared {
@@ -74,27 +77,27 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     let shared = PKMutex<Shared>(Shared())
 
     // Loop-only state.
-    private var modes: [PKRunLoopMode] = []
-    private var connections: [ObjectIdentifier: ReceiveConnection] = [:]
-    private(set) var adopter: PKCustomSource!
+    @exclusivity(unchecked) private var modes: [PKRunLoopMode] = []
+    @exclusivity(unchecked) private var connections: [ObjectIdentifier: ReceiveConnection] = [:]
+    @exclusivity(unchecked) private(set) var adopter: PKCustomSource!
     /// Messages taken from the mailbox, not yet delivered.
-    private var localQueue: [PKPortMessage] = []
-    private var localQueueHead = 0
+    @exclusivity(unchecked) private var localQueue: [PKPortMessage] = []
+    @exclusivity(unchecked) private var localQueueHead = 0
     /// Sources that live and die with the port and follow its modes (a name's listener).
-    private var companions: [PKDescriptorSource] = []
+    @exclusivity(unchecked) private var companions: [PKDescriptorSource] = []
     /// Run when the port is invalidated, before `onInvalidation` (a name's removal).
-    private var invalidationHooks: [() -> Void] = []
+    @exclusivity(unchecked) private var invalidationHooks: [() -> Void] = []
     /// Drops accepted connections that did not greet in time.
-    private var greetingTimer: PKTimer?
-    private var isDelivering = false
+    @exclusivity(unchecked) private var greetingTimer: PKTimer?
+    @exclusivity(unchecked) private var isDelivering = false
     /// A sender left during a delivery: look for no-senders once it ends.
-    private var noSendersCheckPending = false
-    private var invalidationDelivered = false
+    @exclusivity(unchecked) private var noSendersCheckPending = false
+    @exclusivity(unchecked) private var invalidationDelivered = false
     /// A scheduled port is kept alive by its loop, as `-[NSRunLoop addPort:forMode:]` retains
     /// its port: the guide's ports live in no variable but the run loop. Released when the port
     /// leaves its last mode or is invalidated.
-    private var keptByLoop: PKReceivePort?
-    private var readBuffer: ReadScratch
+    @exclusivity(unchecked) private var keptByLoop: PKReceivePort?
+    @exclusivity(unchecked) private var readBuffer: ReadScratch
     let logger = Logger(label: "PortKit.PKReceivePort")
 
     /// A receive port.
@@ -397,6 +400,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         let (loop, wasValid) = shared.withLock { state in
             let wasValid = state.isValid
             state.isValid = false
+            valid.store(false, ordering: .releasing)
             state.invalidationRequested = true
             return (state.loop, wasValid)
         }
@@ -417,17 +421,48 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         if isOwnedByCurrentThread { finishInvalidation() }
     }
 
+    /// What the adopter finds to do, taken under one lock.
+    private struct DeferredWork {
+        var invalidationRequested = false
+        var adoptions: [Int32] = []
+        var lastLocalSenderLeft = false
+    }
+
     private func performDeferredWork() {
-        if shared.withLock({ $0.invalidationRequested }) { finishInvalidation(); return }
-        adoptPending()
-        absorbMailbox()
+        // One look under the lock: an invalidation, read ends to adopt, the mailbox (swapped
+        // with the delivered local queue's empty buffer, so neither side allocates), and
+        // whether the last in-process right left.
+        var work = DeferredWork()
+        let queueIsEmpty = localQueueHead == localQueue.count
+        if queueIsEmpty {
+            localQueue.removeAll(keepingCapacity: true)
+            localQueueHead = 0
+        }
+        var arrived: [PKPortMessage] = []
+        shared.withLock { state in
+            if state.invalidationRequested {
+                work.invalidationRequested = true
+                return
+            }
+            if !state.pendingAdoptions.isEmpty { swap(&work.adoptions, &state.pendingAdoptions) }
+            if !state.mailbox.isEmpty {
+                if queueIsEmpty { swap(&localQueue, &state.mailbox) } else { swap(&arrived, &state.mailbox) }
+                state.mailboxBytes = 0
+                if state.waitingSenders > 0 { EventFD.signal(state.roomSignal) }
+            }
+            work.lastLocalSenderLeft = state.localSendersGone && state.localSenders == 0
+            state.localSendersGone = false
+        }
+        if work.invalidationRequested { finishInvalidation(); return }
+        if !arrived.isEmpty { localQueue.append(contentsOf: arrived) }
+        if !work.adoptions.isEmpty, let loop = runLoop {
+            for fd in work.adoptions {
+                if isValid { adopt(fd, on: loop) } else { Descriptor.close(fd) }
+            }
+        }
         deliverQueuedMessages()
         // The last in-process right left, after every message it sent was delivered.
-        let lastLocalLeft = shared.withLock { state in
-            defer { state.localSendersGone = false }
-            return state.localSendersGone && state.localSenders == 0
-        }
-        if lastLocalLeft && connections.isEmpty && isValid { onNoSenders?() }
+        if work.lastLocalSenderLeft && connections.isEmpty && isValid { onNoSenders?() }
     }
 
     /// Moves what the mailbox holds into the local queue, to be delivered in order.

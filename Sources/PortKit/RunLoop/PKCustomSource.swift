@@ -27,7 +27,7 @@ public final class PKCustomSource: @unchecked Sendable {
     private let valid = Atomic<Bool>(true)
     private let link = LoopLink()
     /// The modes of its loop the source is in. Loop-only.
-    var modes: [PKRunLoopMode] = []
+    @exclusivity(unchecked) var modes: [PKRunLoopMode] = []
     /// The loop the source was added to.
     var loop: PKRunLoop? {
         get { link.loop }

@@ -40,11 +40,11 @@ public final class PKDescriptorSource: @unchecked Sendable {
     let handler: (PKIOEvents) -> Void
     let cancelHandler: (() -> Void)?
     weak var loop: PKRunLoop?
-    var token: UInt64 = 0
+    @exclusivity(unchecked) var token: UInt64 = 0
     /// The modes the source is in (a few at most: an array, compared without hashing).
-    var modes: [PKRunLoopMode] = []
+    @exclusivity(unchecked) var modes: [PKRunLoopMode] = []
     /// The events epoll is watching for this source, or nil when it is not registered.
-    var registeredEvents: UInt32?
+    @exclusivity(unchecked) var registeredEvents: UInt32?
 
     /// A source for `descriptor`.
     ///

@@ -56,32 +56,34 @@ public final class PKRunLoop: @unchecked Sendable {
     /// a pass performs these, never scanning the mode's other sources.
     private let signalledQueue = PKMutex<[PKCustomSource]>([])
 
-    // Loop-only state.
-    var modeItems: [PKRunLoopMode: ModeRecord] = [:]
+    // Loop-only state. `@exclusivity(unchecked)`: only the loop's thread touches it (every
+    // entry point asserts the owner), and the dynamic exclusivity checks it would otherwise
+    // get on every access were the largest single cost of a pass.
+    @exclusivity(unchecked) var modeItems: [PKRunLoopMode: ModeRecord] = [:]
     /// The record the last lookup found, so that runs of one mode hash its name once.
-    private var lastRecord: ModeRecord?
-    var commonModes: Set<PKRunLoopMode> = [.default]
-    var commonItems = ModeRecord(mode: .common)
+    @exclusivity(unchecked) private var lastRecord: ModeRecord?
+    @exclusivity(unchecked) var commonModes: Set<PKRunLoopMode> = [.default]
+    @exclusivity(unchecked) var commonItems = ModeRecord(mode: .common)
     /// Descriptor sources by slot (the low 32 bits of a token, less `Token.firstSource`); the
     /// high 32 bits are a generation, so an event for a source removed earlier in the same
     /// batch never reaches a newer source in its slot.
-    var descriptorSlots: [PKDescriptorSource?] = []
-    var freeSlots: [Int] = []
-    var nextGeneration: UInt64 = 1
-    var parkedSources: Set<UInt64> = []
+    @exclusivity(unchecked) var descriptorSlots: [PKDescriptorSource?] = []
+    @exclusivity(unchecked) var freeSlots: [Int] = []
+    @exclusivity(unchecked) var nextGeneration: UInt64 = 1
+    @exclusivity(unchecked) var parkedSources: Set<UInt64> = []
     /// Signalled sources taken from `signalledQueue` that are not in the running mode: they
     /// wait for a run in one of their modes.
-    private var deferredSignalled: [PKCustomSource] = []
+    @exclusivity(unchecked) private var deferredSignalled: [PKCustomSource] = []
     /// The other half of `signalledQueue`'s buffer, swapped in under the lock.
-    private var spareSignalled: [PKCustomSource] = []
-    private(set) var currentMode: PKRunLoopMode?
+    @exclusivity(unchecked) private var spareSignalled: [PKCustomSource] = []
+    @exclusivity(unchecked) private(set) var currentMode: PKRunLoopMode?
     /// The read area every connection of this loop reads into while it holds no partial frame
     /// (`WireDecoder.withBorrowedStorage`), so an idle connection costs no read buffer.
-    private var readStorage: [UInt8] = []
+    @exclusivity(unchecked) private var readStorage: [UInt8] = []
     /// `sendRequest`'s reusable reply ports and private modes, one per nesting depth.
-    var replySlots: [ReplySlot] = []
-    var requestDepth = 0
-    private var armedTimer: UInt64?
+    @exclusivity(unchecked) var replySlots: [ReplySlot] = []
+    @exclusivity(unchecked) var requestDepth = 0
+    @exclusivity(unchecked) private var armedTimer: UInt64?
     private let ended = Atomic<Bool>(false)
     /// Whether the loop's thread has ended (every item has left the loop). Safe from any thread.
     var threadEnded: Bool { ended.load(ordering: .acquiring) }
@@ -96,14 +98,14 @@ public final class PKRunLoop: @unchecked Sendable {
     /// step of a pass reaches the items without hashing the mode's name.
     final class ModeRecord {
         let mode: PKRunLoopMode
-        var customSources: [PKCustomSource] = []
-        var descriptorTokens: Set<UInt64> = []
-        var timers: [PKTimer] = []
-        var observers: [PKRunLoopObserver] = []
+        @exclusivity(unchecked) var customSources: [PKCustomSource] = []
+        @exclusivity(unchecked) var descriptorTokens: Set<UInt64> = []
+        @exclusivity(unchecked) var timers: [PKTimer] = []
+        @exclusivity(unchecked) var observers: [PKRunLoopObserver] = []
         /// The activities some observer of this mode watches: a pass skips the others.
-        var observedActivities: PKRunLoopActivity = []
+        @exclusivity(unchecked) var observedActivities: PKRunLoopActivity = []
         /// The value of `invalidations` when this mode was last purged.
-        var purgedAt: UInt64 = .max
+        @exclusivity(unchecked) var purgedAt: UInt64 = .max
 
         init(mode: PKRunLoopMode) { self.mode = mode }
 
@@ -142,8 +144,8 @@ public final class PKRunLoop: @unchecked Sendable {
             tokens.deallocate()
         }
     }
-    private var eventBuffers: [EventBuffer] = []
-    private var runDepth = 0
+    @exclusivity(unchecked) private var eventBuffers: [EventBuffer] = []
+    @exclusivity(unchecked) private var runDepth = 0
 
     init(ownerThread: Int32) {
         self.threadID = ownerThread

@@ -29,8 +29,8 @@ public final class PKTimer: @unchecked Sendable {
     public var isValid: Bool { valid.load(ordering: .acquiring) }
 
     // Loop-only state, guarded by the owning loop's thread.
-    var fireNanoseconds: UInt64
-    var isFiring = false
+    @exclusivity(unchecked) var fireNanoseconds: UInt64
+    @exclusivity(unchecked) var isFiring = false
     private let link = LoopLink()
     /// The loop the timer was added to.
     var loop: PKRunLoop? {

@@ -258,7 +258,14 @@ import Testing
                         for id in UInt32(1)...1000 {
                             _ = try right.sendRequest(PKPortMessage(msgid: id), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
                         }
-                        return "modes \(before.0) -> \(loop.modeItems.count), descriptors \(before.1) -> \(openDescriptorCount())"
+                        // The server closes its side of each reply connection on its own thread.
+                        var after = openDescriptorCount()
+                        let settle = PKDeadline.after(.seconds(10))
+                        while after != before.1 && !settle.hasPassed {
+                            sleepFor(.milliseconds(5))
+                            after = openDescriptorCount()
+                        }
+                        return "modes \(before.0) -> \(loop.modeItems.count), descriptors \(before.1) -> \(after)"
                     }
                     try server.stop()
                     report.append("\(road): \(counts)")
