@@ -78,6 +78,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// Messages taken from the mailbox, not yet delivered.
     private var localQueue: [PKPortMessage] = []
     private var localQueueHead = 0
+    /// The mailbox was left full while the local queue was being delivered: absorb it once that ends.
+    private var mailboxDeferred = false
     /// Sources that live and die with the port and follow its modes (a name's listener).
     private var companions: [PKDescriptorSource] = []
     /// Run when the port is invalidated, before `onInvalidation` (a name's removal).
@@ -370,16 +372,19 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         if lastLocalLeft && connections.isEmpty && isValid { onNoSenders?() }
     }
 
-    /// Moves what the mailbox holds into the local queue, to be delivered in order.
+    /// Moves what the mailbox holds into the local queue, to be delivered in order. While the
+    /// local queue still holds undelivered messages (a handler runs the loop nested), the
+    /// mailbox stays full, so its limit holds the senders as a full socket does; the delivery
+    /// that empties the local queue looks again.
     private func absorbMailbox() {
+        guard localQueueHead == localQueue.count else {
+            mailboxDeferred = true
+            return
+        }
         let arrived = takeMailbox()
         guard !arrived.isEmpty else { return }
-        if localQueueHead == localQueue.count {
-            localQueue = arrived
-            localQueueHead = 0
-        } else {
-            localQueue.append(contentsOf: arrived)
-        }
+        localQueue = arrived
+        localQueueHead = 0
     }
 
     private func finishInvalidation() {
@@ -522,6 +527,10 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             if localQueueHead > 0 && localQueueHead == localQueue.count {
                 localQueue.removeAll(keepingCapacity: true)
                 localQueueHead = 0
+                if mailboxDeferred, let loop = runLoop {
+                    mailboxDeferred = false
+                    adopter.signal(waking: loop)
+                }
             }
             for connection in connections.values where connection.hasQueuedMessages {
                 guard let message = connection.dequeue() else { continue }
