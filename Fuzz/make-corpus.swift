@@ -213,6 +213,11 @@ struct MakeCorpus {
                                                           + Array(repeating: port(1, "ipc://@p"), count: 5))),
             ("violation-then-message", [0] + message([header(msgid: 1, count: 3), data([1])])
                                             + message([header(msgid: 2, count: 1), data([2])])),
+            ("name-usual", [4] + Array("checkin-main".utf8)),
+            ("name-sock-suffix", [4] + Array("x.sock".utf8)),
+            ("name-sock-new-suffix", [4] + Array("x.sock.new".utf8)),
+            ("name-lock-suffix", [4] + Array("x.lock".utf8)),
+            ("name-dotdot", [4] + Array("..".utf8)),
             ("gen-mixed", [2, op(0, 1), 7, 9, op(1, 3), 1, 2, 3, op(2, 1), op(0, 0), 1, 0, op(2, 8), op(3, 1)]),
             ("gen-small-limits", [3, op(0, 0), 1, 0, op(3, 1), op(1, 1), 1, op(0, 3), 2, 0, op(2, 0), op(2, 2), op(2, 3),
                                   op(2, 4)]),

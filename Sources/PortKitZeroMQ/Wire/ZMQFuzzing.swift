@@ -13,6 +13,8 @@ import PortKit
 /// byte 0        bit 0: small limits (64 data bytes, 8 components, 4 ports), so that the limit
 ///                      checks are reachable with short inputs
 ///               bit 1: generated mode: the rest describes messages to encode (see below)
+///               bit 2: name mode: the rest is a name (UTF-8, repaired), checked as the names
+///                      of requests are (the other bits are ignored)
 /// the rest      frames, each a length byte and then that many bytes (fewer at the end):
 ///               bits 0-6: the length, 0...126, or 127: the next 2 bytes (little-endian) are it
 ///               bit 7:    "more" is clear: the frame ends its multipart message
@@ -41,6 +43,11 @@ import PortKit
 ///   request a client writes for that name and port; one the client reads as a reply
 ///   (`ZMQNameProtocol.check`) fails only with the documented codes, and, unless it is refused as
 ///   unreadable, is exactly the reply the server writes for that status and port.
+/// - Names (of requests, and in name mode): `PKZMQEndpoint.validate(name:)` accepts exactly the
+///   name server's rule (checked byte by byte here); the `ipc://` socket of a name in the name
+///   directory (`PKZMQEndpoint.ipcSocketPath`) is the directory, a slash and the name, and
+///   neither it nor its lock is a file of another name of the name server's (`<n>.sock`,
+///   `<n>.sock.new`, `<n>.lock` for a valid name n other than the name itself).
 enum ZMQFuzzing {
     /// Endpoints for generated messages: valid ones first, then ones PortKit refuses.
     static let endpoints: [String] = [
@@ -60,6 +67,10 @@ enum ZMQFuzzing {
             limits.maxPorts = 4
         }
         let rest = UnsafeRawBufferPointer(rebasing: input[1...])
+        if header & 4 != 0 {
+            checkName(String(decoding: rest, as: UTF8.self))
+            return
+        }
         if header & 2 != 0 {
             exerciseEncoded(description: rest, limits: limits)
             return
@@ -169,6 +180,7 @@ enum ZMQFuzzing {
             if let port { components.append(.port(port.right.address)) }
             let written = encode(msgid, decoded.destination, components, decoded.reply)
             precondition(written == frames, "ZMQFuzzing: the request \(request) is not what a client writes for it")
+            checkName(name)
         }
 
         let status: ZMQNameProtocol.Status?
@@ -202,6 +214,44 @@ enum ZMQFuzzing {
         }
         let written = encode(reply.msgid, decoded.destination, components, decoded.reply)
         precondition(written == frames, "ZMQFuzzing: a reply read as \(status) is not what the server writes for it")
+    }
+
+    /// The name rule, byte by byte: 1 to 64 bytes from `A-Z a-z 0-9 . _ -`, the first not a dot.
+    private static func followsRule<C: Collection<UInt8>>(_ bytes: C) -> Bool {
+        guard (1...64).contains(bytes.count), bytes.first != UInt8(ascii: ".") else { return false }
+        return bytes.allSatisfy { byte in
+            (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(byte) || (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte)
+                || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte)
+                || byte == UInt8(ascii: ".") || byte == UInt8(ascii: "_") || byte == UInt8(ascii: "-")
+        }
+    }
+
+    /// A name's validation and the `ipc://` files made from it.
+    private static func checkName(_ name: String) {
+        let bytes = Array(name.utf8)
+        let valid = followsRule(bytes)
+        do throws(PKError) {
+            try PKZMQEndpoint.validate(name: name)
+            precondition(valid, "ZMQFuzzing: the name \"\(name)\" was accepted")
+        } catch {
+            precondition(!valid && error.code == .badName, "ZMQFuzzing: the name \"\(name)\" was refused: \(error)")
+        }
+        let directory = "/tmp/portkit-1000"
+        let path: String
+        do throws(PKError) { path = try PKZMQEndpoint.ipcSocketPath(name: name, directory: directory) } catch {
+            precondition(error.code == .badName, "ZMQFuzzing: ipcSocketPath threw \(error.code)")
+            return
+        }
+        precondition(valid && path.utf8.elementsEqual((directory + "/").utf8 + bytes),
+                     "ZMQFuzzing: the name \"\(name)\" has the socket \(path)")
+        // The ZeroMQ name's files are <name> and <name>.lock; the name server's for a name n are
+        // <n>.sock, <n>.sock.new and <n>.lock. <name>.lock is <n>.lock only for n == name (the
+        // lock they share on purpose), and never <n>.sock or <n>.sock.new.
+        for suffix in PKZMQEndpoint.nameServerSuffixes.map({ Array($0.utf8) })
+        where bytes.count > suffix.count && bytes.suffix(suffix.count).elementsEqual(suffix) {
+            precondition(!followsRule(bytes.dropLast(suffix.count)),
+                         "ZMQFuzzing: the socket of the ZeroMQ name \"\(name)\" is a file of a name server's name")
+        }
     }
 
     /// The frames `ZMQMessageEncoder` writes, as bytes.
