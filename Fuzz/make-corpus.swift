@@ -1,8 +1,9 @@
-// Writes the wire fuzzer's seed corpus (Fuzz/Corpus/wire), made with WireEncoder.
-// Input format: see `WireFuzzing.exercise`. Regenerate from Fuzz/ with
+// Writes the fuzzers' seed corpora (Fuzz/Corpus/<fuzzer>), the frames made with WireEncoder.
+// Input formats: see `WireFuzzing.exercise`, `CheckInFuzzing.exercise`, `NameFuzzing.exercise` and
+// `ZMQFuzzing.exercise`. Regenerate from Fuzz/ with
 //   swiftc -parse-as-library ../Sources/PortKit/Wire/*.swift make-corpus.swift -o /tmp/make-corpus \
-//     && /tmp/make-corpus Corpus/wire
-// Crash inputs the fuzzer found are added to that directory by hand, named crash-*.
+//     && /tmp/make-corpus Corpus
+// Crash inputs the fuzzers found are added to their directories by hand, named crash-*.
 
 import Foundation
 
@@ -37,8 +38,23 @@ func header(length: UInt32, msgid: UInt32 = 7, components: UInt16 = 0, flags: UI
 @main
 struct MakeCorpus {
     static func main() throws {
-        let directory = URL(fileURLWithPath: CommandLine.arguments[1])
+        let root = URL(fileURLWithPath: CommandLine.arguments[1])
+        try write(wireSeeds(), to: root.appendingPathComponent("wire"))
+        try write(checkInSeeds(), to: root.appendingPathComponent("checkin"))
+        try write(nameSeeds(), to: root.appendingPathComponent("names"))
+        try write(zmqSeeds(), to: root.appendingPathComponent("zmq"))
+    }
+
+    static func write(_ seeds: [(String, [UInt8])], to directory: URL) throws {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        for (name, bytes) in seeds {
+            try Data(bytes).write(to: directory.appendingPathComponent(name))
+        }
+        print("wrote \(seeds.count) seeds to \(directory.path)")
+    }
+
+    /// WireFuzzing's seeds.
+    static func wireSeeds() -> [(String, [UInt8])] {
         let hello = WireFrame(msgid: 1, components: [.data(Array("hello".utf8))])
         let ports = WireFrame(msgid: 2, hasReplyPort: true, components: [.port, .data([1, 2, 3]), .port])
         let seeds: [(String, [UInt8])] = [
@@ -71,9 +87,140 @@ struct MakeCorpus {
             ("control-with-data", input(stream([]) + header(length: 24, msgid: 1, components: 1, flags: 2)
                                             + [1, 0, 0, 0] + le(UInt32(0)))),
         ]
-        for (name, bytes) in seeds {
-            try Data(bytes).write(to: directory.appendingPathComponent(name))
+        return seeds
+    }
+
+    /// CheckInFuzzing's seeds: what a worker writes on its check-in connection, and PORTKIT_WORKER values.
+    static func checkInSeeds() -> [(String, [UInt8])] {
+        let checkIn = WireFrame(msgid: 100, hasReplyPort: true, components: [.data(Array("worker-1".utf8))])
+        let noReply = WireFrame(msgid: 100, components: [.data(Array("worker-2".utf8))])
+        let other = WireFrame(msgid: 7, hasReplyPort: true, components: [.data([1, 2])])
+        let count = WireFrame(msgid: 200, components: [.data([0, 0, 0, 0]), .data(Array("text".utf8))])
+        func environment(_ bytes: [UInt8]) -> [UInt8] { [0x80] + bytes }
+        /// A generated-mode byte: operation `op` with operand `operand`.
+        func op(_ op: UInt8, _ operand: Int) -> UInt8 { op | UInt8(operand) << 2 }
+        return [
+            ("checkin", input(stream([checkIn]), script: [read(nil, descriptors: 1)])),
+            ("checkin-then-more", input(stream([checkIn, count]), script: [read(nil, descriptors: 1)])),
+            ("checkin-without-reply-port", input(stream([noReply]))),
+            ("other-message-first", input(stream([other]), script: [read(nil, descriptors: 1)])),
+            ("attach-sender-then-silence", input(stream([.attachSender()]), script: [read(nil, descriptors: 1)])),
+            ("greeting-then-deadline", [0x40] + stream([])),
+            ("garbage", input(Array("GET / HTTP/1.1\r\n\r\n".utf8))),
+            ("truncated-checkin", input(Array(stream([checkIn]).dropLast(2)), script: [read(nil, descriptors: 1)])),
+            ("empty", input([])),
+            ("gen-checkin-in-pieces", input([op(0, 5)] + Array("hello".utf8) + [op(2, 3)], script: [read(3), read(17), read(nil)],
+                                            generated: true)),
+            ("gen-byte-by-byte", input([op(1, 2), 9, 9, op(0, 7)] + Array("abcdefg".utf8), script: [read(1)], generated: true)),
+            ("gen-attach-then-checkin", input([op(3, 0), op(0, 1), 0x41], generated: true)),
+            ("env-worker", environment(Array("worker-1:1".utf8))),
+            ("env-name-with-colons", environment(Array("a:b:c:0".utf8))),
+            ("env-bad-flag", environment(Array("name:2".utf8))),
+            ("env-no-colon", environment(Array("name".utf8))),
+            ("env-empty", environment([])),
+            ("env-invalid-utf8", environment([0xFF, 0x3A, 0x31])),
+        ]
+    }
+
+    /// NameFuzzing's seeds: byte 0 picks the directory (bits 0-2) and two names (bit 3).
+    static func nameSeeds() -> [(String, [UInt8])] {
+        func name(_ text: String, directory: UInt8 = 0) -> [UInt8] { [directory] + Array(text.utf8) }
+        func two(_ first: String, _ second: String, directory: UInt8 = 0) -> [UInt8] {
+            [directory | 0x08, UInt8(first.utf8.count)] + Array(first.utf8) + Array(second.utf8)
         }
-        print("wrote \(seeds.count) seeds to \(directory.path)")
+        return [
+            ("usual", name("checkin-main")),
+            ("runtime-directory", name("worker_1.2", directory: 1)),
+            ("root-directory", name("x", directory: 2)),
+            ("relative-directory", name("x", directory: 3)),
+            ("trailing-slash", name("x", directory: 4)),
+            ("dotdot-directory", name("x", directory: 5)),
+            ("longest", name(String(repeating: "a", count: 64))),
+            ("too-long", name(String(repeating: "a", count: 65))),
+            ("long-directory-fits", name(String(repeating: "b", count: 57), directory: 6)),
+            ("long-directory-too-long", name(String(repeating: "b", count: 58), directory: 6)),
+            ("no-room", name("c", directory: 7)),
+            ("dot", name(".")),
+            ("dotdot", name("..")),
+            ("leading-dot", name(".hidden")),
+            ("slash", name("a/b")),
+            ("escape", name("../../etc/passwd")),
+            ("nul", [0] + Array("a".utf8) + [0] + Array("b".utf8)),
+            ("empty", [0]),
+            ("non-ascii", name("caf\u{E9}")),
+            ("combining-dot", name(".\u{301}x")),
+            ("invalid-utf8", [0, 0xC3, 0x28]),
+            ("two-names", two("alpha", "beta")),
+            ("two-equal-names", two("same", "same")),
+            ("two-lookalikes", two("a", "a.sock")),
+            ("two-lookalikes-lock", two("a.lock", "a", directory: 1)),
+        ]
+    }
+
+    /// ZMQFuzzing's seeds: frames, each a length byte (bit 7: the last of its message) and its bytes.
+    static func zmqSeeds() -> [(String, [UInt8])] {
+        func le64(_ value: UInt64) -> [UInt8] { withUnsafeBytes(of: value.littleEndian) { Array($0) } }
+        func header(msgid: UInt32, count: UInt16, reply: Bool = false, destination: UInt64 = 0,
+                    magic: [UInt8] = Array("PKZM".utf8), version: UInt16 = 1) -> [UInt8] {
+            magic + le(version) + le(UInt16(reply ? 1 : 0)) + le(msgid) + le(count) + le(UInt16(0)) + le64(destination)
+        }
+        func port(_ id: UInt64, _ endpoint: String) -> [UInt8] { [2] + le64(id) + Array(endpoint.utf8) }
+        func data(_ bytes: [UInt8]) -> [UInt8] { [1] + bytes }
+        /// One message: its frames, the last one marked as the end.
+        func message(_ frames: [[UInt8]]) -> [UInt8] {
+            var bytes: [UInt8] = []
+            for (index, frame) in frames.enumerated() {
+                let last: UInt8 = index == frames.count - 1 ? 0x80 : 0
+                if frame.count < 127 {
+                    bytes += [UInt8(frame.count) | last]
+                } else {
+                    bytes += [0x7F | last] + le(UInt16(frame.count))
+                }
+                bytes += frame
+            }
+            return bytes
+        }
+        let me = port(42, "tcp://127.0.0.1:6000")
+        func op(_ op: UInt8, _ operand: Int) -> UInt8 { op | UInt8(operand) << 2 }
+        return [
+            ("protocol-example", [0] + message([header(msgid: 7, count: 1, reply: true), data(Array("hi".utf8)),
+                                                port(9, "tcp://127.0.0.1:5556")])),
+            ("empty-message", [0] + message([header(msgid: 1, count: 0)])),
+            ("ports-and-data", [0] + message([header(msgid: 3, count: 3, destination: 5), data([]), port(1, "ipc://@x"),
+                                              data(Array(repeating: 0xAB, count: 200))])),
+            ("name-register", [0] + message([header(msgid: 1, count: 2, reply: true), data(Array("svc".utf8)),
+                                             port(0, "tcp://127.0.0.1:5556"), me])),
+            ("name-lookup", [0] + message([header(msgid: 2, count: 1, reply: true), data(Array("svc".utf8)), me])),
+            ("name-unregister", [0] + message([header(msgid: 3, count: 2, reply: true), data(Array("svc".utf8)),
+                                               port(0, "ipc:///tmp/portkit-1000/svc"), me])),
+            ("name-reply-ok-with-port", [0] + message([header(msgid: 2, count: 2, destination: 42), data([0]),
+                                                       port(0, "tcp://127.0.0.1:5556")])),
+            ("name-reply-in-use", [0] + message([header(msgid: 1, count: 1, destination: 42), data([1])])),
+            ("name-reply-bad-request", [0] + message([header(msgid: 9, count: 1, destination: 42), data([5])])),
+            ("name-reply-long-status", [0] + message([header(msgid: 2, count: 1, destination: 42), data([0, 0])])),
+            ("bad-magic", [0] + message([header(msgid: 1, count: 0, magic: Array("PKZX".utf8))])),
+            ("bad-version", [0] + message([header(msgid: 1, count: 0, version: 2)])),
+            ("short-header", [0] + message([Array(header(msgid: 1, count: 0).dropLast())])),
+            ("too-few-frames", [0] + message([header(msgid: 1, count: 2), data([1])])),
+            ("too-many-frames", [0] + message([header(msgid: 1, count: 1), data([1]), data([2])])),
+            ("reply-not-a-port", [0] + message([header(msgid: 1, count: 0, reply: true), data([1])])),
+            ("bad-endpoint", [0] + message([header(msgid: 1, count: 1), port(1, "udp://h:1")])),
+            ("port-without-endpoint", [0] + message([header(msgid: 1, count: 1), [2] + le64(1)])),
+            ("unknown-type", [0] + message([header(msgid: 1, count: 1), [3, 0]])),
+            ("empty-component", [0] + message([header(msgid: 1, count: 1), []])),
+            ("small-limits-over", [1] + message([header(msgid: 1, count: 1), data(Array(repeating: 7, count: 65))])),
+            ("small-limits-too-many-ports", [1] + message([header(msgid: 1, count: 4, reply: true)]
+                                                          + Array(repeating: port(1, "ipc://@p"), count: 5))),
+            ("violation-then-message", [0] + message([header(msgid: 1, count: 3), data([1])])
+                                            + message([header(msgid: 2, count: 1), data([2])])),
+            ("name-usual", [4] + Array("checkin-main".utf8)),
+            ("name-sock-suffix", [4] + Array("x.sock".utf8)),
+            ("name-sock-new-suffix", [4] + Array("x.sock.new".utf8)),
+            ("name-lock-suffix", [4] + Array("x.lock".utf8)),
+            ("name-dotdot", [4] + Array("..".utf8)),
+            ("gen-mixed", [2, op(0, 1), 7, 9, op(1, 3), 1, 2, 3, op(2, 1), op(0, 0), 1, 0, op(2, 8), op(3, 1)]),
+            ("gen-small-limits", [3, op(0, 0), 1, 0, op(3, 1), op(1, 1), 1, op(0, 3), 2, 0, op(2, 0), op(2, 2), op(2, 3),
+                                  op(2, 4)]),
+        ]
     }
 }

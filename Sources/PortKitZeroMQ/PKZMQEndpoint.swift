@@ -23,17 +23,39 @@ public enum PKZMQEndpoint {
     /// `PKNameServer` takes for that name. A ZeroMQ port bound there and a Unix-socket port
     /// registered under the same name therefore exclude each other.
     ///
+    /// A name may not end in `.sock`, `.sock.new` or `.lock`: its socket would be a file of
+    /// another name of the name server's (`x.sock` is the socket of the name `x`), which binding
+    /// would remove.
+    ///
     /// - Parameters:
-    ///   - name: 1 to 64 characters from `A-Z a-z 0-9 . _ -`, not starting with a dot.
+    ///   - name: 1 to 64 characters from `A-Z a-z 0-9 . _ -`, not starting with a dot, not ending
+    ///     in `.sock`, `.sock.new` or `.lock`.
     ///   - directory: the name directory; `PKNameServer`'s default when `nil`.
     /// - Throws: `.badName`, or `.unsafeDirectory` if the directory breaks the name server's rules.
     public static func ipc(name: String, directory: String? = nil) throws(PKError) -> String {
-        try validate(name: name)
         let directory = directory ?? PKNameServer.shared.directory
+        let path = try ipcSocketPath(name: name, directory: directory)
         try FileInfo.ensurePrivateDirectory(directory)
-        let endpoint = "ipc://\(directory)/\(name)"
+        let endpoint = "ipc://\(path)"
         _ = try ZMQEndpoint(parsing: endpoint)
         return endpoint
+    }
+
+    /// The files the name server's own names take in its directory, after the name.
+    static let nameServerSuffixes = [".sock", ".sock.new", ".lock"]
+
+    /// The socket file of `name` in the name directory `directory`: `<directory>/<name>` (its
+    /// lock, `<directory>/<name>.lock`, is the name server's lock for `name`). Pure: no file is
+    /// touched.
+    ///
+    /// - Throws: `.badName` for a name that breaks the name rule or ends in one of
+    ///   `nameServerSuffixes` (its socket would be another name's file).
+    static func ipcSocketPath(name: String, directory: String) throws(PKError) -> String {
+        try validate(name: name)
+        if let suffix = nameServerSuffixes.first(where: { name.utf8.count > $0.utf8.count && name.hasSuffix($0) }) {
+            throw PKError(.badName, "the name \"\(name)\" ends in \(suffix): its socket would be the file \(suffix) of the name server's name \"\(name.dropLast(suffix.count))\"")
+        }
+        return "\(directory)/\(name)"
     }
 
     /// `tcp://ADDRESS:*`, where ADDRESS is the local address the kernel uses toward `endpoint`'s

@@ -7,11 +7,34 @@
 //                                         port registered as TARGET (msgid 7), then echo
 //   PortKitTestPeer race DIR NAME          try once to register NAME; print "won" or "lost",
 //                                         then wait for a line on stdin (or EOF) and exit
-//   PortKitTestPeer flood DIR NAME SELF    register SELF, look NAME up and send messages until
-//                                         killed (each send waits up to 60 s for room)
+//   PortKitTestPeer flood DIR NAME SELF [SIZE]
+//                                         register SELF, look NAME up and send messages of SIZE
+//                                         bytes (1024 by default, each byte 7) until killed
+//                                         (each send waits up to 60 s for room)
+//   PortKitTestPeer whoami DIR NAME        register NAME, answer each message on its reply port
+//                                         with this process's pid as text; serve until killed
+//   PortKitTestPeer racer DIR NAME         for each line "go" on stdin, try to register NAME
+//                                         with a new port and print "won" or "lost"; for each
+//                                         "release", invalidate that port and print "released";
+//                                         exit at EOF
+//   PortKitTestPeer stall-send DIR NAME COUNT MAXSIZE
+//                                         look NAME up and send msgid 1...COUNT, each of a
+//                                         random size in 1...MAXSIZE filled with the byte msgid
+//                                         mod 256, each waiting up to 60 s for room; print
+//                                         "sent N" after each and "done COUNT BYTES" at the end
+//   PortKitTestPeer exhaust DIR LIMIT      lower RLIMIT_NOFILE to LIMIT, then make named ports
+//                                         and connections to them until one fails; print each
+//                                         failure, release half of what it made, and show that
+//                                         a new port can be registered, looked up and used
 //   PortKitTestPeer as-nobody DIR NAME     drop to uid 65534, connect to NAME's socket by hand,
 //                                         greet and send a frame; print "closed" when the
 //                                         server closes the connection, "open" if it does not
+//   PortKitTestPeer inherit DIR PEER SELF  open what PortKit opens (register SELF, a connection to
+//                                         it carrying a port, a connection to PEER with a watch,
+//                                         a worker thread), start /bin/sleep 30 by posix_spawn and
+//                                         print "child PID"; print "noticed" when PEER dies, then
+//                                         give SELF up, re-register it ("name free"), kill the
+//                                         child and exit
 //   PortKitTestPeer worker                 serve as a PKWorkerProcess (echo)
 //   PortKitTestPeer checkin-by-name DIR MAIN SELF
 //                                         the guide's CFMessagePort check-in (Listings 3-17 to
@@ -43,6 +66,13 @@ func echo(_ message: PKPortMessage, loop: PKRunLoop) {
 
 func registerOrFail(_ port: PKReceivePort, _ server: PKNameServer, _ name: String) {
     do { try server.register(port, name: name) } catch { fail("register \(name): \(error)") }
+}
+
+if arguments.first == "inherit" {
+    // Start clean, before PortKit opens anything: close what this process inherited beyond 0, 1
+    // and 2 (the test process's Foundation leaves some descriptors inheritable), so that every
+    // other descriptor it holds is PortKit's.
+    for fd in Int32(3)..<4096 { close(fd) }
 }
 
 let loop = PKRunLoop.current
@@ -92,18 +122,158 @@ case "race":
     port.invalidate()
 
 case "flood":
-    guard arguments.count == 4 else { fail("usage: flood DIR NAME SELF") }
+    guard arguments.count == 4 || arguments.count == 5 else { fail("usage: flood DIR NAME SELF [SIZE]") }
     let server = PKNameServer(directory: arguments[1])
     let own = PKReceivePort()
     try loop.add(own, forMode: .default)
     registerOrFail(own, server, arguments[3])
     let right = try server.lookUp(arguments[2], timeout: .seconds(10))
     say("ready")
+    let size = arguments.count > 4 ? Int(arguments[4]) ?? 1024 : 1024
     var sequence: UInt32 = 0
     while true {
         sequence &+= 1
-        do { try right.send(PKPortMessage(msgid: sequence, data: [UInt8](repeating: 7, count: 1024)), timeout: .seconds(60)) } catch { break }
+        do { try right.send(PKPortMessage(msgid: sequence, data: [UInt8](repeating: 7, count: size)), timeout: .seconds(60)) } catch { break }
     }
+
+case "whoami":
+    guard arguments.count == 3 else { fail("usage: whoami DIR NAME") }
+    let server = PKNameServer(directory: arguments[1])
+    let port = PKReceivePort { message in
+        try? message.replyPort?.send(PKPortMessage(msgid: message.msgid, data: Array("\(getpid())".utf8)), timeout: .seconds(5))
+    }
+    try loop.add(port, forMode: .default)
+    registerOrFail(port, server, arguments[2])
+    say("ready")
+    loop.run(in: .default, until: .after(.seconds(120)))
+    port.invalidate()
+
+case "racer":
+    guard arguments.count == 3 else { fail("usage: racer DIR NAME") }
+    let server = PKNameServer(directory: arguments[1])
+    var held: PKReceivePort?
+    while let line = readLine() {
+        switch line {
+        case "go":
+            let port = PKReceivePort()
+            try loop.add(port, forMode: .default)
+            do {
+                try server.register(port, name: arguments[2])
+                held = port
+                say("won")
+            } catch where error.code == .nameInUse {
+                port.invalidate()
+                say("lost")
+            } catch {
+                fail("racer: \(error)")
+            }
+        case "release":
+            held?.invalidate()
+            held = nil
+            say("released")
+        default:
+            fail("racer: unknown line \(line)")
+        }
+    }
+    held?.invalidate()
+
+case "stall-send":
+    guard arguments.count == 5, let count = UInt32(arguments[3]), let maxSize = Int(arguments[4]) else {
+        fail("usage: stall-send DIR NAME COUNT MAXSIZE")
+    }
+    let right = try PKNameServer(directory: arguments[1]).lookUp(arguments[2], timeout: .seconds(10))
+    var bytes = 0
+    for sequence in UInt32(1)...count {
+        let data = [UInt8](repeating: UInt8(truncatingIfNeeded: sequence), count: Int.random(in: 1...maxSize))
+        do { try right.send(PKPortMessage(msgid: sequence, data: data), timeout: .seconds(60)) } catch { fail("stall-send: \(error)") }
+        bytes += data.count
+        say("sent \(sequence)")
+    }
+    say("done \(count) \(bytes)")
+
+case "exhaust":
+    guard arguments.count == 3, let limit = rlim_t(arguments[2]) else { fail("usage: exhaust DIR LIMIT") }
+    var rl = rlimit(rlim_cur: limit, rlim_max: limit)
+    guard setrlimit(Int32(RLIMIT_NOFILE.rawValue), &rl) == 0 else { fail("setrlimit: errno \(errno)") }
+    let server = PKNameServer(directory: arguments[1])
+    var ports: [PKReceivePort] = []
+    var rights: [PKSendPort] = []
+    /// Runs one step; prints its PKError (every error PortKit throws is one) and says whether it worked.
+    func attempt(_ what: String, _ body: () throws(PKError) -> Void) -> Bool {
+        do throws(PKError) {
+            try body()
+            return true
+        } catch {
+            say("failed \(what): \(error.code): \(error)")
+            return false
+        }
+    }
+    // Named ports and a connection to each until descriptors run out.
+    var index = 0
+    while index < 10_000 {
+        let port = PKReceivePort()
+        guard attempt("schedule \(index)", { () throws(PKError) in try loop.add(port, forMode: .default) }) else { break }
+        ports.append(port)
+        guard attempt("register \(index)", { () throws(PKError) in try server.register(port, name: "x-\(index)") }) else { break }
+        guard attempt("look up \(index)", { () throws(PKError) in rights.append(try server.lookUp("x-\(index)")) }) else { break }
+        guard attempt("send \(index)", { () throws(PKError) in try rights.last!.send(PKPortMessage(msgid: 1), timeout: .seconds(1)) }) else { break }
+        index += 1
+    }
+    // At the limit, each kind of call fails cleanly (or works, if the failure freed a slot).
+    _ = attempt("register at the limit", { () throws(PKError) in try server.register(ports[0], name: "at-limit") })
+    _ = attempt("look up at the limit", { () throws(PKError) in rights.append(try server.lookUp("x-0")) })
+    _ = attempt("pass a port at the limit", { () throws(PKError) in
+        try rights[0].send(PKPortMessage(msgid: 2, components: [.port(ports[0].makeSendRight())]), timeout: .seconds(1))
+    })
+    // The loop keeps running: it accepts what it can and must not spin or crash on EMFILE.
+    loop.run(in: .default, until: .after(.milliseconds(200)))
+    say("made \(index) named ports before the limit")
+    // Release half, then a new port must work end to end.
+    for right in rights.prefix(rights.count / 2) { right.invalidate() }
+    for port in ports.prefix(ports.count / 2) { port.invalidate() }
+    loop.run(in: .default, until: .after(.milliseconds(200)))
+    var got: [UInt32] = []
+    let fresh = PKReceivePort { got.append($0.msgid) }
+    let recovered = attempt("recover", { () throws(PKError) in
+        try loop.add(fresh, forMode: .default)
+        try server.register(fresh, name: "recovered")
+        try server.lookUp("recovered").send(PKPortMessage(msgid: 42), timeout: .seconds(5))
+    })
+    let deadline = PKDeadline.after(.seconds(10))
+    while recovered && got.isEmpty && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
+    say(got == [42] ? "recovered" : "not recovered")
+    for port in ports + [fresh] { port.invalidate() }
+
+case "inherit":
+    guard arguments.count == 4 else { fail("usage: inherit DIR PEER SELF") }
+    let server = PKNameServer(directory: arguments[1])
+    var got = 0
+    let port = PKReceivePort { _ in got += 1 }
+    try loop.add(port, forMode: .default)
+    registerOrFail(port, server, arguments[3])
+    try server.lookUp(arguments[3]).send(PKPortMessage(msgid: 1, components: [.port(port.makeSendRight())]), timeout: .seconds(5))
+    let deadline = PKDeadline.after(.seconds(30))
+    while got == 0 && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
+    var died = false
+    let watch = try server.lookUp(arguments[2]).watchInvalidation(on: loop, forMode: .default) { died = true }
+    let worker = try PKWorkerThread(name: "inherit") { _ in }
+    let argv: [UnsafeMutablePointer<CChar>?] = [strdup("/bin/sleep"), strdup("30"), nil]
+    var child: pid_t = 0
+    guard posix_spawn(&child, "/bin/sleep", nil, nil, argv, environ) == 0 else { fail("posix_spawn failed") }
+    say("child \(child)")
+    while !died && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
+    say(died ? "noticed" : "not noticed")
+    watch.cancel()
+    port.invalidate()
+    let successor = PKReceivePort()
+    try loop.add(successor, forMode: .default)
+    registerOrFail(successor, server, arguments[3])
+    say("name free")
+    successor.invalidate()
+    _ = try? worker.stop()
+    kill(child, SIGKILL)
+    var status: Int32 = 0
+    _ = waitpid(child, &status, 0)
 
 case "worker":
     do {

@@ -57,7 +57,8 @@ public final class PKWorkerProcess: @unchecked Sendable {
         }
         child = try ChildProcess(
             path: executable, arguments: arguments,
-            environment: [Self.environmentKey: "\(name):\(mainPort == nil ? 0 : 1)"], inherit: inherit)
+            environment: [Self.environmentKey: Self.environmentValue(name: name, hasMainPort: mainPort != nil)],
+            inherit: inherit)
         for (fd, _) in inherit { Descriptor.close(fd) }
         inherit = []
         do throws(PKError) {
@@ -84,12 +85,31 @@ public final class PKWorkerProcess: @unchecked Sendable {
         guard let value = Files.environment(environmentKey) else {
             throw PKError(.checkInFailed, "this process was not started by PKWorkerProcess (\(environmentKey) is not set)")
         }
-        let parts = value.split(separator: ":", omittingEmptySubsequences: false)
-        let name = parts.dropLast().joined(separator: ":")
-        let hasMain = parts.last == "1"
+        guard let parsed = parseEnvironmentValue(value) else {
+            throw PKError(.checkInFailed, "\(environmentKey) is \"\(value.prefix(80))\", not NAME:0 or NAME:1")
+        }
+        let (name, hasMain) = parsed
         let checkInRight = PKSendPort(connection: SendConnection(takingOwnershipOf: try Descriptor.adoptInherited(checkInDescriptor)))
         let mainPort = hasMain ? PKSendPort(connection: SendConnection(takingOwnershipOf: try Descriptor.adoptInherited(mainPortDescriptor))) : nil
         try WorkerRuntime.serve(name: name, mainPort: mainPort, checkInRight: checkInRight, watchLauncher: true, setUp: setUp)
+    }
+
+    /// What the launcher puts in `PORTKIT_WORKER`: the worker's name, a colon, and 1 if the
+    /// child gets a send right to `mainPort` on descriptor 4, else 0.
+    static func environmentValue(name: String, hasMainPort: Bool) -> String {
+        "\(name):\(hasMainPort ? 1 : 0)"
+    }
+
+    /// Reads `PORTKIT_WORKER`: the name is everything before the last colon (it may hold
+    /// colons), and what follows must be exactly 0 or 1; anything else is nil. The inverse of
+    /// `environmentValue(name:hasMainPort:)` (`CheckInFuzzing` checks both ways).
+    static func parseEnvironmentValue(_ value: String) -> (name: String, hasMainPort: Bool)? {
+        guard let colon = value.utf8.lastIndex(of: UInt8(ascii: ":")) else { return nil }
+        let flag = value.utf8[value.utf8.index(after: colon)...]
+        guard flag.count == 1, let digit = flag.first, digit == UInt8(ascii: "0") || digit == UInt8(ascii: "1") else {
+            return nil
+        }
+        return (String(value[..<colon]), digit == UInt8(ascii: "1"))
     }
 
     /// Asks the child to stop and waits for it to exit; kills it (SIGKILL) if it has not

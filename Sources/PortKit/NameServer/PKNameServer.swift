@@ -131,6 +131,10 @@ public struct PKNameServer: Sendable {
             try ConnectionSetup.writeGreeting(fd)
         } catch {
             Descriptor.close(fd)
+            // The owner died between accepting into its backlog and our greeting: no live owner.
+            if Socket.isPeerGone(error.errno) {
+                throw PKError(.nameNotFound, "the owner of \"\(name)\" went away while the connection was being made")
+            }
             throw error
         }
         return PKSendPort(connection: SendConnection(takingOwnershipOf: fd))

@@ -21,9 +21,7 @@ extension PKReceivePort {
             let outcome = try shared.withLock { state throws(PKError) -> MailboxOutcome in
                 guard state.isValid else { throw PKError(.invalidPort, "cannot send: the receive port was invalidated") }
                 if let epoch, epoch != state.senderEpoch { throw PKError(.invalidPort, "cannot send: the send right was invalidated") }
-                let roomy = state.mailbox.count < limits.maxQueuedMessages
-                    && (state.mailboxBytes + bytes <= limits.maxQueuedBytes || state.mailbox.isEmpty)
-                if roomy {
+                if hasRoom(state, for: bytes) {
                     state.mailbox.append(message)
                     state.mailboxBytes += bytes
                     // Only the first message of a batch needs to wake the loop: it takes them all.
@@ -45,11 +43,19 @@ extension PKReceivePort {
                 }
                 let timeout = deadline.pollTimeoutMilliseconds(now: monotonicNanoseconds())
                 if timeout == 0 || (try? Descriptor.poll(room, events: Descriptor.readable, timeoutMilliseconds: timeout)) == 0 {
-                    if shared.withLock({ $0.mailbox.count < limits.maxQueuedMessages && $0.isValid }) { continue }
+                    // Room may have appeared just as the wait ended (by count or by bytes).
+                    if shared.withLock({ $0.isValid && hasRoom($0, for: bytes) }) { continue }
                     throw PKError(.sendTimedOut, "the receive port's queue stayed full until the send deadline; nothing was sent")
                 }
             }
         }
+    }
+
+    /// Whether the mailbox takes a message of `bytes` data bytes now (one message always fits
+    /// in an empty mailbox).
+    private func hasRoom(_ state: Shared, for bytes: Int) -> Bool {
+        state.mailbox.count < limits.maxQueuedMessages
+            && (state.mailboxBytes + bytes <= limits.maxQueuedBytes || state.mailbox.isEmpty)
     }
 
     /// The receiver of an in-process message gets rights of its own, as across processes: a

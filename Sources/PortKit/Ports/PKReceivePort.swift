@@ -83,6 +83,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// Messages taken from the mailbox, not yet delivered.
     @exclusivity(unchecked) private var localQueue: [PKPortMessage] = []
     @exclusivity(unchecked) private var localQueueHead = 0
+    /// The mailbox was left full while the local queue was being delivered: absorb it once that ends.
+    @exclusivity(unchecked) private var mailboxDeferred = false
     /// Sources that live and die with the port and follow its modes (a name's listener).
     @exclusivity(unchecked) private var companions: [PKDescriptorSource] = []
     /// Run when the port is invalidated, before `onInvalidation` (a name's removal).
@@ -278,6 +280,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         for fd in pending { Descriptor.close(fd) }
         localQueue.removeAll(keepingCapacity: true)
         localQueueHead = 0
+        mailboxDeferred = false
         let closing = connections.values
         connections = [:]
         for connection in closing { connection.close() }
@@ -438,23 +441,28 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             localQueue.removeAll(keepingCapacity: true)
             localQueueHead = 0
         }
-        var arrived: [PKPortMessage] = []
         shared.withLock { state in
             if state.invalidationRequested {
                 work.invalidationRequested = true
                 return
             }
             if !state.pendingAdoptions.isEmpty { swap(&work.adoptions, &state.pendingAdoptions) }
+            // While the local queue still holds undelivered messages (a handler runs the loop
+            // nested), the mailbox stays full, so its limit holds the senders as a full socket
+            // does; the delivery that empties the local queue looks again.
             if !state.mailbox.isEmpty {
-                if queueIsEmpty { swap(&localQueue, &state.mailbox) } else { swap(&arrived, &state.mailbox) }
-                state.mailboxBytes = 0
-                if state.waitingSenders > 0 { EventFD.signal(state.roomSignal) }
+                if queueIsEmpty {
+                    swap(&localQueue, &state.mailbox)
+                    state.mailboxBytes = 0
+                    if state.waitingSenders > 0 { EventFD.signal(state.roomSignal) }
+                } else {
+                    mailboxDeferred = true
+                }
             }
             work.lastLocalSenderLeft = state.localSendersGone && state.localSenders == 0
             state.localSendersGone = false
         }
         if work.invalidationRequested { finishInvalidation(); return }
-        if !arrived.isEmpty { localQueue.append(contentsOf: arrived) }
         if !work.adoptions.isEmpty, let loop = runLoop {
             for fd in work.adoptions {
                 if isValid { adopt(fd, on: loop) } else { Descriptor.close(fd) }
@@ -465,16 +473,19 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         if work.lastLocalSenderLeft && connections.isEmpty && isValid { onNoSenders?() }
     }
 
-    /// Moves what the mailbox holds into the local queue, to be delivered in order.
+    /// Moves what the mailbox holds into the local queue, to be delivered in order. While the
+    /// local queue still holds undelivered messages (a handler runs the loop nested), the
+    /// mailbox stays full, so its limit holds the senders as a full socket does; the delivery
+    /// that empties the local queue looks again.
     private func absorbMailbox() {
+        guard localQueueHead == localQueue.count else {
+            mailboxDeferred = true
+            return
+        }
         let arrived = takeMailbox()
         guard !arrived.isEmpty else { return }
-        if localQueueHead == localQueue.count {
-            localQueue = arrived
-            localQueueHead = 0
-        } else {
-            localQueue.append(contentsOf: arrived)
-        }
+        localQueue = arrived
+        localQueueHead = 0
     }
 
     private func finishInvalidation() {
@@ -617,6 +628,10 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             if localQueueHead > 0 && localQueueHead == localQueue.count {
                 localQueue.removeAll(keepingCapacity: true)
                 localQueueHead = 0
+                if mailboxDeferred, let loop = runLoop {
+                    mailboxDeferred = false
+                    adopter.signal(waking: loop)
+                }
             }
             for connection in connections.values where connection.hasQueuedMessages {
                 guard let message = connection.dequeue() else { continue }

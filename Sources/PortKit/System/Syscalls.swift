@@ -42,10 +42,26 @@ enum Descriptor {
 
     /// Waits for one descriptor. The corresponding system call is `poll(2)`.
     /// Returns the reported events, or 0 on timeout.
+    ///
+    /// An interrupted wait resumes with what is left of the timeout, not all of it: under a
+    /// storm of signals (`EINTR` every few hundred microseconds) a wait must still time out.
     static func poll(_ fd: Int32, events: Int16, timeoutMilliseconds: Int32) throws(PKError) -> Int16 {
         var entry = pollfd(fd: fd, events: events, revents: 0)
-        let n = try SystemCall.run("poll") { Glibc.poll(&entry, 1, timeoutMilliseconds) }
-        return n == 0 ? 0 : entry.revents
+        let start = monotonicNanoseconds()
+        var remaining = timeoutMilliseconds
+        while true {
+            let n = Glibc.poll(&entry, 1, remaining)
+            if n >= 0 { return n == 0 ? 0 : entry.revents }
+            let err = errno
+            guard err == EINTR else {
+                SystemCall.preconditionNotABug(err, "poll")
+                throw PKError.system("poll", errno: err)
+            }
+            if timeoutMilliseconds > 0 {
+                let elapsed = Int64((monotonicNanoseconds() - start) / 1_000_000)
+                remaining = Int32(max(0, Int64(timeoutMilliseconds) - elapsed))
+            }
+        }
     }
 }
 

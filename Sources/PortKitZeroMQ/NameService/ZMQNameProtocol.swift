@@ -46,13 +46,21 @@ enum ZMQNameProtocol {
         return PKZMQMessage(msgid: msgid, components: components)
     }
 
-    /// Turns a reply into its port (for a lookup) or an error.
+    /// Turns a reply into its port (for a lookup) or an error. A reply is one data component of
+    /// one status byte, followed by a port component when the status is ok (a lookup's answer);
+    /// any other shape is a protocol violation, so a reply read is exactly what `reply(to:_:port:)`
+    /// writes (`ZMQFuzzing` checks it).
     static func check(_ reply: PKZMQMessage?, name: String, service: String) throws(PKError) -> PKZMQSendPort? {
-        guard let reply, let byte = reply.components.first?.data?.first, let status = Status(rawValue: byte) else {
+        guard let reply, let statusBytes = reply.components.first?.data, statusBytes.count == 1,
+              let status = Status(rawValue: statusBytes[0]) else {
             throw PKError(.protocolViolation, "the name service at \(service) sent a reply PortKit cannot read")
         }
+        let port = reply.components.count == 2 ? reply.components[1].port : nil
+        guard reply.components.count == 1 || (status == .ok && port != nil) else {
+            throw PKError(.protocolViolation, "the name service at \(service) sent a reply of \(reply.components.count) components")
+        }
         switch status {
-        case .ok: return reply.components.count > 1 ? reply.components[1].port : nil
+        case .ok: return port
         case .nameInUse: throw PKError(.nameInUse, "the name \"\(name)\" is registered at \(service) by a live owner")
         case .nameNotFound: throw PKError(.nameNotFound, "no port is registered as \"\(name)\" at \(service)")
         case .badName: throw PKError(.badName, "the name service at \(service) refused the name \"\(name)\"")

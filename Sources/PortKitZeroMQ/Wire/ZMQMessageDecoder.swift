@@ -5,8 +5,8 @@
 // starts afresh with the next message. No sockets here: the tests feed it frames by hand.
 
 /// A message as decoded from the wire, its ports still addresses.
-struct ZMQDecodedMessage: Sendable {
-    enum Component: Sendable {
+struct ZMQDecodedMessage: Equatable, Sendable {
+    enum Component: Equatable, Sendable {
         case data([UInt8])
         case port(ZMQPortAddress)
     }

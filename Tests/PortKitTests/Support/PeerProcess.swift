@@ -63,6 +63,20 @@ final class PeerProcess: @unchecked Sendable {
         if line != expected { throw PeerError(description: "peer printed \"\(line)\", expected \"\(expected)\"") }
     }
 
+    /// Writes `line` and a newline to the peer's standard input. A peer that closed its input
+    /// (it died) is an error, not a SIGPIPE: the pipe is checked first.
+    func writeLine(_ line: String) throws {
+        let fd = stdinPipe.fileHandleForWriting.fileDescriptor
+        var pfd = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
+        guard poll(&pfd, 1, 0) >= 0, pfd.revents & Int16(POLLERR | POLLHUP) == 0 else {
+            throw PeerError(description: "peer \(process.arguments ?? []) closed its input")
+        }
+        let bytes = Array((line + "\n").utf8)
+        guard bytes.withUnsafeBytes({ write(fd, $0.baseAddress, $0.count) }) == bytes.count else {
+            throw PeerError(description: "writing to peer \(process.arguments ?? []) failed: errno \(errno)")
+        }
+    }
+
     /// Closes the peer's standard input.
     func closeInput() { try? stdinPipe.fileHandleForWriting.close() }
 
@@ -80,5 +94,9 @@ final class PeerProcess: @unchecked Sendable {
             Glibc.kill(pid, SIGKILL)
             process.waitUntilExit()
         }
+        // Foundation's Process outlives this object (and holds the pipes), so close our ends
+        // here, or every peer would leave two descriptors behind.
+        try? stdinPipe.fileHandleForWriting.close()
+        try? stdoutPipe.fileHandleForReading.close()
     }
 }

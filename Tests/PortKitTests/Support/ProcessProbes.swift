@@ -1,0 +1,134 @@
+// Helpers for the reliability tests: what a process holds (resident memory, descriptors),
+// spawning an unrelated program, latency summaries, and signal storms at chosen threads.
+
+import Foundation
+@testable import PortKit
+
+/// This process's resident set size in bytes (`/proc/self/statm`).
+func residentBytes() -> Int {
+    guard let text = try? String(contentsOfFile: "/proc/self/statm", encoding: .utf8) else { return -1 }
+    let fields = text.split(separator: " ")
+    guard fields.count > 1, let pages = Int(fields[1]) else { return -1 }
+    return pages * Int(sysconf(Int32(_SC_PAGESIZE)))
+}
+
+/// The descriptor numbers process `pid` has open (`/proc/PID/fd`), sorted.
+func descriptorNumbers(ofProcess pid: pid_t) -> [Int32] {
+    let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []
+    return entries.compactMap { Int32($0) }.sorted()
+}
+
+/// The scheduler state of process `pid` (`R`, `S`, `D`, `Z`, ...), from `/proc/PID/stat`.
+func processState(_ pid: pid_t) -> Character? {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+          let close = stat.lastIndex(of: ")") else { return nil }
+    return stat[stat.index(after: close)...].first { $0 != " " }
+}
+
+/// What descriptor `fd` of process `pid` refers to (`socket:[...]`, a path, `anon_inode:...`).
+func descriptorTarget(ofProcess pid: pid_t, _ fd: Int32) -> String {
+    (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\(fd)")) ?? "?"
+}
+
+/// Starts `path` with `arguments` by `posix_spawn`, inheriting whatever this process does not
+/// mark close-on-exec, as any library call that starts a program would. Returns its pid.
+func spawnUnrelated(_ path: String, _ arguments: [String]) throws -> pid_t {
+    let argv: [UnsafeMutablePointer<CChar>?] = ([path] + arguments).map { strdup($0) } + [nil]
+    defer { for arg in argv { free(arg) } }
+    var pid: pid_t = 0
+    let rc = posix_spawn(&pid, path, nil, nil, argv, environ)
+    guard rc == 0 else { throw PeerError(description: "posix_spawn \(path) failed: errno \(rc)") }
+    return pid
+}
+
+/// Kills and reaps a child started by `spawnUnrelated`.
+func killAndReap(_ pid: pid_t) {
+    kill(pid, SIGKILL)
+    var status: Int32 = 0
+    _ = waitpid(pid, &status, 0)
+}
+
+/// "p50 …, p99 …, max …" of `durations`, in milliseconds.
+func latencySummary(_ durations: [Duration]) -> String {
+    guard !durations.isEmpty else { return "no samples" }
+    let sorted = durations.sorted()
+    func at(_ fraction: Double) -> Duration { sorted[min(sorted.count - 1, Int(Double(sorted.count) * fraction))] }
+    return "p50 \(milliseconds(at(0.5))), p99 \(milliseconds(at(0.99))), max \(milliseconds(sorted.last!)) over \(sorted.count)"
+}
+
+/// A duration as "1.23 ms".
+func milliseconds(_ duration: Duration) -> String {
+    let ms = Double(duration.components.seconds) * 1000 + Double(duration.components.attoseconds) / 1e15
+    return String(format: "%.2f ms", ms)
+}
+
+/// Sends SIGUSR1 every `interval` to each registered thread, whose handler does nothing and is
+/// installed without `SA_RESTART`: every blocking system call of those threads keeps failing
+/// with `EINTR`. A thread must leave (`leave()`) before it ends; the storm never signals a thread
+/// that has left (the list is locked while signalling).
+final class SignalStorm: Sendable {
+    private let targets = Locked<[UInt: Int]>([:])
+    private let running = Locked(true)
+    private let sent = Locked(0)
+    private let thread: TestThread
+
+    /// Installs the no-op handler (left installed afterwards: a signal still in flight when the
+    /// storm stops must not find the default disposition, which would end the process).
+    private static let handlerInstalled: Bool = {
+        var action = sigaction()
+        action.__sigaction_handler.sa_handler = { _ in }
+        sigemptyset(&action.sa_mask)
+        action.sa_flags = 0  // no SA_RESTART: interrupted calls fail with EINTR
+        return sigaction(SIGUSR1, &action, nil) == 0
+    }()
+
+    init(every interval: Duration = .microseconds(200)) {
+        precondition(Self.handlerInstalled, "cannot install the SIGUSR1 handler")
+        let targets = self.targets, running = self.running, sent = self.sent
+        thread = TestThread(name: "signal-storm") {
+            while running.value {
+                targets.withLock { threads in
+                    for thread in threads.keys {
+                        pthread_kill(pthread_t(thread), SIGUSR1)
+                    }
+                    return ()
+                }
+                sent.withLock { $0 += 1 }
+                sleepFor(interval)
+            }
+        }
+    }
+
+    /// Makes the calling thread a target until it calls `leave()`. Threads started from Swift
+    /// concurrency's pool inherit a mask that blocks nearly every signal: SIGUSR1 is unblocked.
+    func join() {
+        Self.setBlocked(false)
+        targets.withLock { $0[UInt(pthread_self()), default: 0] += 1 }
+    }
+
+    /// Stops signalling the calling thread (and blocks SIGUSR1 in it again).
+    func leave() {
+        defer { Self.setBlocked(true) }
+        targets.withLock { threads in
+            let key = UInt(pthread_self())
+            threads[key, default: 1] -= 1
+            if threads[key] == 0 { threads[key] = nil }
+        }
+    }
+
+    private static func setBlocked(_ blocked: Bool) {
+        var set = sigset_t()
+        sigemptyset(&set)
+        sigaddset(&set, SIGUSR1)
+        pthread_sigmask(blocked ? SIG_BLOCK : SIG_UNBLOCK, &set, nil)
+    }
+
+    /// How many rounds of signals were sent.
+    var rounds: Int { sent.value }
+
+    /// Ends the storm and waits for its thread.
+    func stop() throws {
+        running.value = false
+        try thread.join(timeout: .seconds(60))
+    }
+}
