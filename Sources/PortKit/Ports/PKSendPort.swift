@@ -168,7 +168,20 @@ final class SendConnection: @unchecked Sendable {
 
     struct State {
         var invalidReason: String?
+        /// Frames accepted but not yet written (coalesced writes, see `write`).
+        var pending: [UInt8] = []
+        /// The latest deadline among the pending frames' sends: how long a final flush (the
+        /// thread or the process ending) may wait.
+        var pendingDeadline = PKDeadline.distantPast
+        /// Someone (a loop) will write the pending bytes.
+        var flushScheduled = false
+        /// The loop and pass of this connection's last direct write from a running loop.
+        var directLoop: ObjectIdentifier?
+        var directPass: UInt64 = 0
     }
+
+    /// Pending bytes past which a send writes them itself, waiting for room.
+    static let pendingLimit = 64 << 10
 
     /// Takes ownership of `fd`, a connected stream socket whose greeting was already written.
     init(takingOwnershipOf fd: Int32) {
@@ -192,65 +205,244 @@ final class SendConnection: @unchecked Sendable {
         lock.withLock { state in
             guard state.invalidReason == nil else { return }
             state.invalidReason = reason
+            state.pending = []
             Socket.shutdown(fd)
         }
     }
 
-    /// Writes one whole frame with its descriptors attached to its first byte.
+    /// Writes one encoded frame (and the descriptors it carries).
+    ///
+    /// Coalesced writes (protocol.md is unaffected: the bytes on the wire are the same):
+    /// - A frame goes out at once while the connection keeps up: a request, a reply, a round
+    ///   trip pay no delay.
+    /// - When the socket is full (the receiver is behind), the rest of the frame and the frames
+    ///   after it wait in the connection's pending bytes, up to `pendingLimit`, and go out
+    ///   together, one `sendmsg` for many frames, when the socket has room again: the sender's
+    ///   own loop writes them (before it next waits), or, for a thread not running a loop,
+    ///   PortKit's background loop does. A send finding `pendingLimit` bytes pending writes them
+    ///   itself, waiting for room until its deadline, then fails with `.sendTimedOut` having
+    ///   sent nothing: the receiver's back-pressure holds the sender as before.
+    /// - Inside a loop's pass, a second frame to the same connection joins the pending bytes
+    ///   at once: a handler that streams frames makes one system call per batch.
+    /// Pending bytes go out before anything else on the connection (a frame with descriptors
+    /// waits for them), so frames keep their order.
     func write(_ bytes: [UInt8], descriptors: [Int32], before deadline: PKDeadline) throws(PKError) {
-        try lock.withLock { state throws(PKError) in
-            if let reason = state.invalidReason {
-                throw PKError(.invalidPort, "cannot send: \(reason)")
-            }
-            var offset = 0
-            var attach = descriptors
-            while offset < bytes.count {
-                let result: IOResult<Int>
-                do throws(PKError) {
-                    result = try Socket.send(fd, bytes, from: offset, descriptors: attach)
-                } catch {
-                    if Socket.isPeerGone(error.errno) {
-                        markInvalid(&state, "the receive port is gone")
-                        throw PKError(.invalidPort, "cannot send: the receive port is gone")
+        let loop = PKRunLoop.runningOnCurrentThread
+        let loopID = loop.map(ObjectIdentifier.init)
+        // The lock is held only for steps that do not wait: a sender waiting for room never
+        // holds up the loop that flushes this connection's pending bytes.
+        while true {
+            let step = try lock.withLock { state throws(PKError) -> WriteStep in
+                if let reason = state.invalidReason {
+                    throw PKError(.invalidPort, "cannot send: \(reason)")
+                }
+                let corked = loopID != nil && state.directLoop == loopID && state.directPass == loop!.passNumber
+                if descriptors.isEmpty && (!state.pending.isEmpty || corked) {
+                    if !state.pending.isEmpty && state.pending.count + bytes.count > Self.pendingLimit {
+                        try flushLocked(&state, until: .distantPast, failOnTimeout: false)
+                        guard state.pending.count + bytes.count <= Self.pendingLimit else { return .needRoom }
                     }
-                    markInvalid(&state, "the connection failed: \(error)")
-                    throw PKError(.transport, "sending failed; the connection was closed", call: error.call, errno: error.errno)
+                    append(bytes[...], to: &state, deadline: deadline)
+                    return .sent(flush: takeFlushDuty(&state))
                 }
-                switch result {
-                case .done(let n):
-                    offset += n
-                    attach = []
-                case .wouldBlock:
-                    try waitForRoom(&state, startedMessage: offset > 0, deadline: deadline)
+                if !state.pending.isEmpty {
+                    try flushLocked(&state, until: .distantPast, failOnTimeout: false)
+                    guard state.pending.isEmpty else { return .needRoom }
                 }
+                if let loop {
+                    state.directLoop = loopID
+                    state.directPass = loop.passNumber
+                }
+                let written = try writeLocked(&state, bytes, descriptors: descriptors)
+                if written == 0 && !descriptors.isEmpty { return .needRoom }  // nothing went out
+                guard written < bytes.count else { return .sent(flush: false) }
+                // The socket is full: the rest waits with the frames that follow.
+                append(bytes[written...], to: &state, deadline: deadline)
+                return .sent(flush: takeFlushDuty(&state))
+            }
+            switch step {
+            case .sent(let flush):
+                guard flush else { return }
+                PendingWritesAtExit.add(self)
+                if let loop {
+                    loop.notePendingWrite(self)
+                } else {
+                    let background = PKRunLoop.background
+                    background.perform { background.flushPendingWrites(of: self) }
+                }
+                return
+            case .needRoom:
+                try waitForRoom(until: deadline)
             }
         }
     }
 
-    /// Waits until the socket takes more bytes, or fails the send.
-    private func waitForRoom(_ state: inout State, startedMessage: Bool, deadline: PKDeadline) throws(PKError) {
+    private enum WriteStep {
+        /// The frame was accepted; `flush`: the caller must arrange the pending bytes' flush.
+        case sent(flush: Bool)
+        /// Nothing was sent: wait for room, then try again.
+        case needRoom
+    }
+
+    private func append(_ bytes: ArraySlice<UInt8>, to state: inout State, deadline: PKDeadline) {
+        state.pending.append(contentsOf: bytes)
+        if deadline > state.pendingDeadline { state.pendingDeadline = deadline }
+    }
+
+    /// Waits, without the lock, until the socket may take bytes or `deadline` passes.
+    private func waitForRoom(until deadline: PKDeadline) throws(PKError) {
         let outcome: Socket.WaitResult
         do { outcome = try Socket.waitWritable(fd, until: deadline) } catch {
-            markInvalid(&state, "waiting to send failed: \(error)")
             throw PKError(.transport, "waiting to send failed", call: error.call, errno: error.errno)
         }
         switch outcome {
-        case .writable: return
-        case .hangUp:
-            markInvalid(&state, "the receive port is gone")
-            throw PKError(.invalidPort, "cannot send: the receive port is gone")
+        case .writable, .hangUp: return  // the next step writes, or learns the peer is gone
         case .timedOut:
-            if startedMessage {
-                markInvalid(&state, "a send timed out in the middle of a message")
-                throw PKError(.sendTimedOut, "the send deadline passed in the middle of a message; the connection was closed and the receiver discards the partial message")
-            }
             throw PKError(.sendTimedOut, "the receive port's queue stayed full until the send deadline; nothing was sent")
         }
+    }
+
+    /// Whether the caller must arrange a flush (no one has been asked to yet).
+    private func takeFlushDuty(_ state: inout State) -> Bool {
+        guard !state.flushScheduled else { return false }
+        state.flushScheduled = true
+        return true
+    }
+
+    /// What a flush that does not wait achieved.
+    enum FlushOutcome { case done, blocked, failed }
+
+    /// Writes as much of the pending bytes as the socket takes now. Safe from any thread.
+    /// When it returns `.done` or `.failed`, the flush duty ends (the next pending bytes
+    /// schedule a new one); `.blocked` leaves it with the caller, who watches for room.
+    func flushPendingWithoutWaiting() -> FlushOutcome {
+        let outcome = lock.withLock { state in
+            var outcome = FlushOutcome.failed
+            if state.invalidReason == nil {
+                do throws(PKError) {
+                    outcome = try flushLocked(&state, until: .distantPast, failOnTimeout: false) ? .done : .blocked
+                } catch {}
+            }
+            if outcome != .blocked { state.flushScheduled = false }
+            return outcome
+        }
+        if outcome != .blocked { PendingWritesAtExit.remove(self) }
+        return outcome
+    }
+
+    /// The loop that was to flush gave up watching (see `PKRunLoop.watchForRoom`): the next
+    /// send arranges a flush again.
+    func flushDutyReturned() {
+        lock.withLock { $0.flushScheduled = false }
+        PendingWritesAtExit.remove(self)
+    }
+
+    /// The longest a thread or process that ends waits for its pending bytes to go out.
+    static let finalFlushPatience = Duration.seconds(5)
+
+    /// Writes every pending byte, waiting for room until the latest of their sends' deadlines
+    /// (at most `finalFlushPatience`); a flush that cannot finish by then closes the
+    /// connection. For a thread or a process that ends with bytes pending. Safe from any thread.
+    func flushPending() {
+        lock.withLock { state in
+            guard !state.pending.isEmpty, state.invalidReason == nil else { return }
+            let deadline = min(state.pendingDeadline, .after(Self.finalFlushPatience))
+            do throws(PKError) {
+                if try !flushLocked(&state, until: deadline, failOnTimeout: false) {
+                    markInvalid(&state, "frames sent earlier could not be written before their deadline")
+                }
+            } catch {}
+        }
+    }
+
+    /// Writes pending bytes, waiting for room until `deadline`. Returns whether all went out;
+    /// what did not stays pending (the connection stays usable). With `failOnTimeout`, running
+    /// out of time throws `.sendTimedOut` instead of returning `false`.
+    @discardableResult
+    private func flushLocked(_ state: inout State, until deadline: PKDeadline, failOnTimeout: Bool = true) throws(PKError) -> Bool {
+        var written = 0
+        defer {
+            if written >= state.pending.count {
+                state.pending.removeAll(keepingCapacity: state.pending.capacity <= 4 * Self.pendingLimit)
+            } else if written > 0 {
+                state.pending.removeFirst(written)
+            }
+        }
+        while written < state.pending.count {
+            let result: IOResult<Int>
+            do throws(PKError) {
+                result = try Socket.send(fd, state.pending, from: written, descriptors: [])
+            } catch {
+                if Socket.isPeerGone(error.errno) {
+                    markInvalid(&state, "the receive port is gone")
+                    throw PKError(.invalidPort, "cannot send: the receive port is gone")
+                }
+                markInvalid(&state, "the connection failed: \(error)")
+                throw PKError(.transport, "sending failed; the connection was closed", call: error.call, errno: error.errno)
+            }
+            switch result {
+            case .done(let n):
+                written += n
+            case .wouldBlock:
+                if deadline.hasPassed {
+                    if failOnTimeout {
+                        throw PKError(.sendTimedOut, "the receive port's queue stayed full until the send deadline; nothing was sent")
+                    }
+                    return false
+                }
+                let outcome: Socket.WaitResult
+                do { outcome = try Socket.waitWritable(fd, until: deadline) } catch {
+                    markInvalid(&state, "waiting to send failed: \(error)")
+                    throw PKError(.transport, "waiting to send failed", call: error.call, errno: error.errno)
+                }
+                switch outcome {
+                case .writable: continue
+                case .hangUp:
+                    markInvalid(&state, "the receive port is gone")
+                    throw PKError(.invalidPort, "cannot send: the receive port is gone")
+                case .timedOut:
+                    if failOnTimeout {
+                        throw PKError(.sendTimedOut, "the receive port's queue stayed full until the send deadline; nothing was sent")
+                    }
+                    return false
+                }
+            }
+        }
+        return true
+    }
+
+    /// Writes what the socket takes of a frame now; returns how many bytes went out. The
+    /// frame's descriptors travel with its first byte.
+    private func writeLocked(_ state: inout State, _ bytes: [UInt8], descriptors: [Int32]) throws(PKError) -> Int {
+        var offset = 0
+        var attach = descriptors
+        while offset < bytes.count {
+            let result: IOResult<Int>
+            do throws(PKError) {
+                result = try Socket.send(fd, bytes, from: offset, descriptors: attach)
+            } catch {
+                if Socket.isPeerGone(error.errno) {
+                    markInvalid(&state, "the receive port is gone")
+                    throw PKError(.invalidPort, "cannot send: the receive port is gone")
+                }
+                markInvalid(&state, "the connection failed: \(error)")
+                throw PKError(.transport, "sending failed; the connection was closed", call: error.call, errno: error.errno)
+            }
+            switch result {
+            case .done(let n):
+                offset += n
+                attach = []
+            case .wouldBlock:
+                return offset
+            }
+        }
+        return offset
     }
 
     private func markInvalid(_ state: inout State, _ reason: String) {
         guard state.invalidReason == nil else { return }
         state.invalidReason = reason
+        state.pending = []
         Socket.shutdown(fd)
     }
 
@@ -288,5 +480,32 @@ enum ConnectionSetup {
         guard case .done(let n) = result, n == greeting.count else {
             throw PKError(.transport, "could not write the greeting on a new connection")
         }
+    }
+}
+
+/// Writes every connection's pending bytes (coalesced writes) when the process calls `exit`
+/// (or returns from `main`), so that a program that sends and then ends loses nothing it sent:
+/// the connections whose pending bytes some loop was to write are listed here meanwhile.
+enum PendingWritesAtExit {
+    private static let installed = Atomic<Bool>(false)
+    private static let connections = PKMutex<[ObjectIdentifier: SendConnection]>([:])
+
+    static func add(_ connection: SendConnection) {
+        connections.withLock { $0[ObjectIdentifier(connection)] = connection }
+        if !installed.exchange(true, ordering: .acquiringAndReleasing) {
+            ProcessExit.register { PendingWritesAtExit.flushAll() }
+        }
+    }
+
+    static func remove(_ connection: SendConnection) {
+        _ = connections.withLock { $0.removeValue(forKey: ObjectIdentifier(connection)) }
+    }
+
+    private static func flushAll() {
+        let pending = connections.withLock { table in
+            defer { table = [:] }
+            return Array(table.values)
+        }
+        for connection in pending { connection.flushPending() }
     }
 }

@@ -83,6 +83,14 @@ public final class PKRunLoop: @unchecked Sendable {
     /// `sendRequest`'s reusable reply ports and private modes, one per nesting depth.
     @exclusivity(unchecked) var replySlots: [ReplySlot] = []
     @exclusivity(unchecked) var requestDepth = 0
+    /// Connections this thread left bytes pending on during the current pass (coalesced
+    /// writes): written before the loop waits or returns.
+    @exclusivity(unchecked) var pendingWrites: [SendConnection] = []
+    /// Connections whose pending bytes the socket would not take: watched for room in every
+    /// mode (token `Token.blockedWrite | fd`), flushed when writable.
+    @exclusivity(unchecked) var blockedWrites: [Int32: SendConnection] = [:]
+    /// Counts passes, so a connection knows whether it was written to in the current one.
+    @exclusivity(unchecked) private(set) var passNumber: UInt64 = 0
     @exclusivity(unchecked) private var armedTimer: UInt64?
     private let ended = Atomic<Bool>(false)
     /// Whether the loop's thread has ended (every item has left the loop). Safe from any thread.
@@ -92,6 +100,8 @@ public final class PKRunLoop: @unchecked Sendable {
         static let wake: UInt64 = 0
         static let timer: UInt64 = 1
         static let firstSource: UInt64 = 2
+        /// The high bit marks a blocked connection's descriptor (the low 32 bits).
+        static let blockedWrite: UInt64 = 1 << 63
     }
 
     /// The items of one mode. A reference, so that a run resolves its mode once and every
@@ -255,6 +265,7 @@ public final class PKRunLoop: @unchecked Sendable {
         signalHint.store(true, ordering: .releasing)
         runDepth += 1
         defer {
+            if !pendingWrites.isEmpty { flushPendingWrites() }
             runDepth -= 1
             currentMode = previous
             signalHint.store(true, ordering: .releasing)
@@ -312,6 +323,7 @@ public final class PKRunLoop: @unchecked Sendable {
         // A stop requested while the loop was not running ends this run before it does anything.
         if stopRequested.exchange(false, ordering: .acquiringAndReleasing) { return .stopped }
         while true {
+            passNumber &+= 1
             if !parkedSources.isEmpty { registerParkedSources(for: mode) }
             notifyObservers(.beforeTimers, record)
             notifyObservers(.beforeSources, record)
@@ -322,6 +334,7 @@ public final class PKRunLoop: @unchecked Sendable {
 
             let pollOnly = handledSource || hasPendingWork(mode)
             armTimer(for: record)
+            if !pendingWrites.isEmpty { flushPendingWrites() }
             let timeout: Int32 = pollOnly ? 0 : deadline.pollTimeoutMilliseconds(now: monotonicNanoseconds())
             // A pass that will not sleep (something ready, or the deadline passed) does not say so.
             let sleeps = timeout != 0
@@ -339,6 +352,8 @@ public final class PKRunLoop: @unchecked Sendable {
                 case Token.timer:
                     TimerFD.drain(timerFD)
                     armedTimer = nil
+                case let token where token & Token.blockedWrite != 0:
+                    retryBlockedWrite(Int32(truncatingIfNeeded: token & 0xFFFF_FFFF))
                 default:
                     break
                 }
@@ -346,7 +361,7 @@ public final class PKRunLoop: @unchecked Sendable {
             // Due timers first (even if the timerfd has not been read yet), then ready
             // descriptor sources, as the pass above documents.
             fireDueTimers(record)
-            for index in 0..<count where readyTokens[index] >= Token.firstSource {
+            for index in 0..<count where readyTokens[index] >= Token.firstSource && readyTokens[index] & Token.blockedWrite == 0 {
                 if handledSource && returnAfter { break }
                 if handleDescriptorEvent(token: readyTokens[index], mask: readyEvents[index], mode: mode) {
                     handledSource = true
@@ -501,10 +516,70 @@ public final class PKRunLoop: @unchecked Sendable {
         if readStorage.count > 256 << 10 { readStorage = [] }
     }
 
+    // MARK: - Coalesced writes
+
+    /// The calling thread's loop if it is running (inside a pass): where a send may leave bytes
+    /// pending for the loop to write (see `SendConnection.write`).
+    static var runningOnCurrentThread: PKRunLoop? {
+        guard let loop = ThreadLocalLoop.get(), loop.runDepth > 0 else { return nil }
+        return loop
+    }
+
+    /// A send on this thread left bytes pending on `connection`. Loop-only.
+    func notePendingWrite(_ connection: SendConnection) {
+        pendingWrites.append(connection)
+    }
+
+    /// Writes every connection's pending bytes the sockets take now; a connection whose socket
+    /// is full is watched for room and finished when it has some. Loop-only.
+    func flushPendingWrites() {
+        let connections = pendingWrites
+        pendingWrites.removeAll(keepingCapacity: true)
+        for connection in connections where blockedWrites[connection.fd] == nil {
+            if connection.flushPendingWithoutWaiting() == .blocked { watchForRoom(connection) }
+        }
+    }
+
+    /// Writes `connection`'s pending bytes for a thread that is not running a loop (this is
+    /// PortKit's background loop). Loop-only.
+    func flushPendingWrites(of connection: SendConnection) {
+        guard blockedWrites[connection.fd] == nil else { return }
+        if connection.flushPendingWithoutWaiting() == .blocked { watchForRoom(connection) }
+    }
+
+    /// Flushes pending bytes, waiting for room, when the thread (or, from `exit`, the
+    /// process) ends. Loop-only.
+    func flushPendingWritesFinally() {
+        let connections = pendingWrites + Array(blockedWrites.values)
+        pendingWrites = []
+        for (fd, _) in blockedWrites { Epoll.remove(epollFD, fd) }
+        blockedWrites = [:]
+        for connection in connections { connection.flushPending() }
+    }
+
+    private func watchForRoom(_ connection: SendConnection) {
+        do throws(PKError) {
+            try Epoll.add(epollFD, connection.fd, events: Epoll.writable, token: Token.blockedWrite | UInt64(UInt32(bitPattern: connection.fd)))
+            blockedWrites[connection.fd] = connection
+        } catch {
+            // Not watchable (epoll refused a connected socket: out of memory). The bytes stay
+            // pending; the connection's next send, or the thread's end, writes them.
+            connection.flushDutyReturned()
+        }
+    }
+
+    private func retryBlockedWrite(_ fd: Int32) {
+        guard let connection = blockedWrites[fd] else { return }
+        if connection.flushPendingWithoutWaiting() == .blocked { return }
+        Epoll.remove(epollFD, fd)
+        blockedWrites[fd] = nil
+    }
+
     // MARK: - Thread end
 
     /// Called when the owning thread ends: every item leaves the loop (ports invalidate).
     func threadDidExit() {
+        flushPendingWritesFinally()
         ended.store(true, ordering: .releasing)
         for record in Array(modeItems.values) {
             for source in record.customSources { source.invalidate() }

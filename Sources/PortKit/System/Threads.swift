@@ -49,3 +49,20 @@ private final class ThreadBody {
         self.body = body
     }
 }
+
+/// Work to do when the process calls `exit` (`atexit(3)`), registered once per handler.
+enum ProcessExit {
+    private static let handlers = PKMutex<[@Sendable () -> Void]>([])
+
+    static func register(_ handler: @escaping @Sendable () -> Void) {
+        let first = handlers.withLock { list in
+            list.append(handler)
+            return list.count == 1
+        }
+        if first { atexit { ProcessExit.runAll() } }
+    }
+
+    private static func runAll() {
+        for handler in handlers.withLock({ $0 }) { handler() }
+    }
+}

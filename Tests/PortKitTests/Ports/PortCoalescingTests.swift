@@ -1,0 +1,96 @@
+// Coalesced writes (docs/decisions.md): frames that wait in a connection's pending bytes when
+// its socket is full, or that a handler streams within one pass, all arrive, whole and in order,
+// whoever sends them: a thread that runs no loop (PortKit's background loop flushes), a thread
+// that sends from a handler (its own loop flushes), several threads on one right.
+
+import Glibc
+import Testing
+@testable import PortKit
+
+@Suite struct PortCoalescingTests {
+    /// Streams `count` numbered frames of `size` bytes through `send`, to a port whose loop
+    /// pauses now and then, and checks that every frame arrived once, whole, in order per sender.
+    private func stream(senders: Int, count: Int, size: Int, _ send: @escaping @Sendable (PKSendPort, Int, UInt32) throws -> Void) throws {
+        let published = TestLatch<PKSendPort>()
+        let outcome = Locked<String?>(nil)
+        let receiver = TestThread(name: "slow-receiver") {
+            let loop = PKRunLoop.current
+            var next = [UInt32](repeating: 0, count: senders)
+            var received = 0
+            var problem: String?
+            let port = PKReceivePort { message in
+                let sender = Int(message.msgid >> 24)
+                let seq = message.msgid & 0xFF_FFFF
+                if sender >= senders || seq != next[sender] { problem = problem ?? "sender \(sender): frame \(seq), expected \(next[sender])" }
+                if message.data.count != size || message.data.contains(where: { $0 != UInt8(truncatingIfNeeded: seq) }) { problem = problem ?? "frame \(seq) torn" }
+                if sender < senders { next[sender] = seq + 1 }
+                received += 1
+                if received % 997 == 0 { sleepFor(.milliseconds(2)) }  // fall behind now and then
+            }
+            try? loop.add(port, forMode: .default)
+            if let right = try? independentRight(to: port) { published.set(right) }
+            let deadline = PKDeadline.after(patience(.seconds(60)))
+            while received < senders * count && problem == nil && !deadline.hasPassed {
+                loop.run(in: .default, until: deadline, returnAfterSourceHandled: true)
+            }
+            outcome.value = problem ?? (received == senders * count ? "ok" : "received \(received) of \(senders * count)")
+            port.invalidate()
+        }
+        let right = try published.waitPatiently()
+        let threads = (0..<senders).map { sender in
+            TestThread(name: "sender-\(sender)") {
+                for seq in UInt32(0)..<UInt32(count) {
+                    do { try send(right, sender, seq) } catch {
+                        outcome.value = outcome.value ?? "sender \(sender), frame \(seq): \(error)"
+                        return
+                    }
+                }
+            }
+        }
+        for thread in threads { try thread.joinPatiently(timeout: .seconds(120)) }
+        try receiver.joinPatiently(timeout: .seconds(120))
+        #expect(outcome.value == "ok")
+    }
+
+    private static func frame(_ sender: Int, _ seq: UInt32, size: Int) -> PKPortMessage {
+        PKPortMessage(msgid: UInt32(sender) << 24 | seq, data: [UInt8](repeating: UInt8(truncatingIfNeeded: seq), count: size))
+    }
+
+    @Test(arguments: [64, 3000])
+    func framesFromAThreadWithoutALoopAllArrive(size: Int) throws {
+        try stream(senders: 1, count: 20_000, size: size) { right, sender, seq in
+            try right.send(Self.frame(sender, seq, size: size), timeout: patience(.seconds(30)))
+        }
+    }
+
+    @Test func framesFromSeveralThreadsOnOneRightAllArrive() throws {
+        try stream(senders: 4, count: 5_000, size: 200) { right, sender, seq in
+            try right.send(Self.frame(sender, seq, size: 200), timeout: patience(.seconds(30)))
+        }
+    }
+
+    /// A handler streams frames within one pass (they join the pending bytes at once); the loop
+    /// writes them before it waits, and at its thread's end.
+    @Test(arguments: [64, 3000])
+    func framesStreamedFromAHandlerAllArrive(size: Int) throws {
+        try stream(senders: 1, count: 20_000, size: size) { right, sender, seq in
+            // Batches of 500 frames, each batch sent from inside one handler of this thread's loop.
+            guard seq % 500 == 0 else { return }
+            let loop = PKRunLoop.current
+            var failure: Error?
+            let trigger = PKReceivePort { _ in
+                for each in seq..<min(seq + 500, 20_000) {
+                    do { try right.send(Self.frame(sender, each, size: size), timeout: patience(.seconds(30))) } catch {
+                        failure = error
+                        return
+                    }
+                }
+            }
+            try loop.add(trigger, forMode: .default)
+            defer { trigger.invalidate() }
+            try trigger.makeSendRight().send(PKPortMessage(msgid: 0), timeout: .seconds(5))
+            loop.run(in: .default, until: .after(patience(.seconds(30))), returnAfterSourceHandled: true)
+            if let failure { throw failure }
+        }
+    }
+}
