@@ -1,6 +1,8 @@
 // The parts of the shim that need _GNU_SOURCE (set in the target's cSettings): gettid(2),
 // accept4(2) and struct ucred.
 #include "CPortKit.h"
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 
 pid_t pk_gettid(void) {
     // initial-exec: a direct %fs access instead of a __tls_get_addr call on every loop-only check.
@@ -119,4 +121,10 @@ int pk_exit_status(int status, int *code, int *signal) {
     if (WIFEXITED(status)) { *code = WEXITSTATUS(status); *signal = 0; return 1; }
     if (WIFSIGNALED(status)) { *code = -1; *signal = WTERMSIG(status); return 1; }
     return 0;
+}
+
+int pk_unsent_bytes(int fd) {
+    int count = 0;
+    if (ioctl(fd, SIOCOUTQ, &count) != 0) return -1;
+    return count;
 }

@@ -96,6 +96,7 @@ case "rt":
         case "portkit-threads-idle1000": workload = try PortKitPair(.thread, .roundTrip, .none, idlePorts: 1000)
         case "portkit-request-threads": workload = try PortKitPair(.thread, .request, .none)
         case "portkit-stream64-threads": workload = try PortKitPair(.thread, .stream, .none)
+        case "portkit-stream64-processes": workload = try PortKitPair(.namedProcess, .stream, .none)
         case "portkit-spawn": workload = try PortKitSpawn(.none)
         default: fail("rt: unknown kind \(argument(1))")
         }

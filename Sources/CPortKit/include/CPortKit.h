@@ -29,6 +29,9 @@
 /// The kernel thread id of the calling thread, cached per thread (gettid(2) is a system call).
 pid_t pk_gettid(void);
 
+/// Bytes written to a socket and not yet read by its peer (ioctl SIOCOUTQ), or -1.
+int pk_unsent_bytes(int fd);
+
 // MARK: - Clock
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of every PortKit deadline and timer.

@@ -173,6 +173,8 @@ final class SendConnection: @unchecked Sendable {
         /// The latest deadline among the pending frames' sends: how long a final flush (the
         /// thread or the process ending) may wait.
         var pendingDeadline = PKDeadline.distantPast
+        /// A frame was written directly before (so unread bytes in the socket are ours).
+        var wroteDirectly = false
         /// Someone (a loop) will write the pending bytes.
         var flushScheduled = false
         /// The loop and pass of this connection's last direct write from a running loop.
@@ -201,13 +203,17 @@ final class SendConnection: @unchecked Sendable {
         }
     }
 
+    /// Ends the connection. What was sent before goes out first: pending bytes are written,
+    /// waiting for room as `flushPending()` does.
     func invalidate(reason: String) {
+        flushPending()
         lock.withLock { state in
             guard state.invalidReason == nil else { return }
             state.invalidReason = reason
             state.pending = []
             Socket.shutdown(fd)
         }
+        PendingWritesAtExit.remove(self)
     }
 
     /// Writes one encoded frame (and the descriptors it carries).
@@ -249,10 +255,18 @@ final class SendConnection: @unchecked Sendable {
                     try flushLocked(&state, until: .distantPast, failOnTimeout: false)
                     guard state.pending.isEmpty else { return .needRoom }
                 }
+                // The receiver has not read what we wrote last: it is busy (or already woken
+                // for it) and will not read this sooner, so it waits with the frames that
+                // follow and goes out with them in one write, waking the receiver once.
+                if descriptors.isEmpty && state.wroteDirectly && Socket.unsentBytes(fd) > 0 {
+                    append(bytes[...], to: &state, deadline: deadline)
+                    return .sent(flush: takeFlushDuty(&state))
+                }
                 if let loop {
                     state.directLoop = loopID
                     state.directPass = loop.passNumber
                 }
+                state.wroteDirectly = true
                 let written = try writeLocked(&state, bytes, descriptors: descriptors)
                 if written == 0 && !descriptors.isEmpty { return .needRoom }  // nothing went out
                 guard written < bytes.count else { return .sent(flush: false) }

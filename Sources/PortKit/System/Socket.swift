@@ -115,6 +115,10 @@ enum Socket {
         }
     }
 
+    /// Bytes written to `fd` that its peer has not read yet (0 if unknown). The corresponding
+    /// call is `ioctl(2)` `SIOCOUTQ`.
+    static func unsentBytes(_ fd: Int32) -> Int { Int(max(0, pk_unsent_bytes(fd))) }
+
     /// Whether the peer of `fd` has hung up, without waiting.
     static func peerHasHungUp(_ fd: Int32) -> Bool {
         let revents = (try? Descriptor.poll(fd, events: Int16(POLLOUT), timeoutMilliseconds: 0)) ?? Int16(POLLERR)

@@ -13,52 +13,65 @@ import Foundation
     /// and its connection to our port ending (after every whole message it sent was delivered;
     /// the partial one is dropped). Every delivered message is whole, and the descriptor count
     /// after the last trial is back to what it was after the first.
-    @Test func peerKilledMidSendIsNoticedPromptlyOverAThousandTrials() async throws {
-        let dir = TemporaryNameDirectory()
-        let trials = 1000
-        let size = 64 * 1024
-        let started = PKDeadline.now
-        let (watchLatencies, endLatencies, torn, counts) = try await onLoopThread(timeout: patience(.seconds(600))) { loop in
-            var delivered = 0
-            var torn = 0
-            var endedAt: PKDeadline?
-            let sink = PKReceivePort { message in
-                delivered += 1
-                if message.data.count != size || message.data.contains(where: { $0 != 7 }) { torn += 1 }
+    ///
+    /// Run in a child process (an exit test), so that no other test's descriptors blur the
+    /// count; the child prints the figures and exits 0 only if every check held.
+    @Test func peerKilledMidSendIsNoticedPromptlyOverAThousandTrials() async {
+        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+            let dir = TemporaryNameDirectory()
+            let trials = 1000
+            let size = 64 * 1024
+            let started = PKDeadline.now
+            let outcome = Result { () throws -> ([Duration], [Duration], Int, (Int, Int)) in
+                try onLoopThread(timeout: patience(.seconds(600))) { loop in
+                    var delivered = 0
+                    var torn = 0
+                    var endedAt: PKDeadline?
+                    let sink = PKReceivePort { message in
+                        delivered += 1
+                        if message.data.count != size || message.data.contains(where: { $0 != 7 }) { torn += 1 }
+                    }
+                    sink.onNoSenders = { endedAt = .now }
+                    try loop.add(sink, forMode: .default)
+                    try dir.server.register(sink, name: "sink")
+                    var watchLatencies: [Duration] = []
+                    var endLatencies: [Duration] = []
+                    var baseline = 0
+                    for trial in 0..<trials {
+                        if trial == 1 { baseline = openDescriptorCount() }
+                        let peer = try PeerProcess(["flood", dir.path, "sink", "flooder", "\(size)"])
+                        try peer.expectLine("ready")
+                        let right = try dir.server.lookUp("flooder")
+                        var diedAt: PKDeadline?
+                        let watch = try right.watchInvalidation(on: loop, forMode: .default) { diedAt = .now }
+                        delivered = 0
+                        endedAt = nil
+                        try runLoop(loop, "trial \(trial): messages from the peer") { delivered >= 2 }
+                        let killedAt = PKDeadline.now
+                        peer.kill(SIGKILL)
+                        try runLoop(loop, "trial \(trial): the peer's death") { diedAt != nil && endedAt != nil }
+                        watch.cancel()
+                        try peer.waitForExit()
+                        watchLatencies.append(diedAt! - killedAt)
+                        endLatencies.append(endedAt! - killedAt)
+                    }
+                    sink.invalidate()
+                    loop.run(in: .default, until: .after(.milliseconds(20)))
+                    try waitUntil("descriptors to settle", timeout: .seconds(10)) { openDescriptorCount() <= baseline }
+                    return (watchLatencies, endLatencies, torn, (baseline, openDescriptorCount()))
+                }
             }
-            sink.onNoSenders = { endedAt = .now }
-            try loop.add(sink, forMode: .default)
-            try dir.server.register(sink, name: "sink")
-            var watchLatencies: [Duration] = []
-            var endLatencies: [Duration] = []
-            var baseline = 0
-            for trial in 0..<trials {
-                if trial == 1 { baseline = openDescriptorCount() }
-                let peer = try PeerProcess(["flood", dir.path, "sink", "flooder", "\(size)"])
-                try peer.expectLine("ready")
-                let right = try dir.server.lookUp("flooder")
-                var diedAt: PKDeadline?
-                let watch = try right.watchInvalidation(on: loop, forMode: .default) { diedAt = .now }
-                delivered = 0
-                endedAt = nil
-                try runLoop(loop, "trial \(trial): messages from the peer") { delivered >= 2 }
-                let killedAt = PKDeadline.now
-                peer.kill(SIGKILL)
-                try runLoop(loop, "trial \(trial): the peer's death") { diedAt != nil && endedAt != nil }
-                watch.cancel()
-                try peer.waitForExit()
-                watchLatencies.append(diedAt! - killedAt)
-                endLatencies.append(endedAt! - killedAt)
+            switch outcome {
+            case .failure(let error):
+                print("failed: \(error)")
+                exit(1)
+            case .success(let (watchLatencies, endLatencies, torn, counts)):
+                print("kill -9 mid-send, \(trials) trials in \(milliseconds(.now - started)): watch fired after \(latencySummary(watchLatencies)); connection ended after \(latencySummary(endLatencies)); torn messages \(torn); descriptors \(counts.0) after the first trial, \(counts.1) after the last")
+                let good = torn == 0 && watchLatencies.max()! < .seconds(1) && endLatencies.max()! < .seconds(1) && counts.1 <= counts.0
+                exit(good ? 0 : 1)
             }
-            sink.invalidate()
-            loop.run(in: .default, until: .after(.milliseconds(20)))
-            try waitUntil("descriptors to settle", timeout: .seconds(10)) { openDescriptorCount() <= baseline }
-            return (watchLatencies, endLatencies, torn, (baseline, openDescriptorCount()))
         }
-        print("kill -9 mid-send, \(trials) trials in \(milliseconds(.now - started)): watch fired after \(latencySummary(watchLatencies)); connection ended after \(latencySummary(endLatencies)); torn messages \(torn); descriptors \(counts.0) after the first trial, \(counts.1) after the last")
-        #expect(torn == 0)
-        #expect(watchLatencies.max()! < .seconds(1))
-        #expect(endLatencies.max()! < .seconds(1))
+        if let output = result?.standardOutputContent { print(String(decoding: output, as: UTF8.self), terminator: "") }
     }
 
     /// Row 6: a program started while ports, connections, a name and a worker thread's loop
