@@ -36,6 +36,10 @@ extension PKSendPort {
         }
         let loop = PKRunLoop.current
         let mode = PKRunLoopMode("PKReplyMode-\(replyModeCounter.add(1, ordering: .relaxed).newValue)")
+        // The private mode never runs again: leave nothing in it (the loop purges an invalidated
+        // source only when its mode runs, and `died` holds the outcome: the reply and the rights
+        // in it), then forget it. Defers run in reverse: this one last.
+        defer { loop.forgetModeIfEmpty(mode) }
         let outcome = RequestOutcome()
         let replyPort = PKReceivePort { reply in
             if outcome.reply == nil { outcome.reply = reply }
@@ -54,7 +58,10 @@ extension PKSendPort {
         // once. The watch signals a source of the private mode, so the run returns.
         let died = PKCustomSource { outcome.remoteDied = true }
         loop.add(died, forMode: mode)
-        defer { died.invalidate() }
+        defer {
+            loop.remove(died, forMode: mode)
+            died.invalidate()
+        }
         let watch = try? watchInvalidation(on: loop, forMode: mode) { died.signal() }
         defer { watch?.cancel() }
 

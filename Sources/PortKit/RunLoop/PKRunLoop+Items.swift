@@ -278,6 +278,13 @@ extension PKRunLoop {
         commonItems.observers.removeAll { !$0.isValid }
     }
 
+    /// Drops `mode`'s entry once nothing is left in it, for a mode that will not run again (a
+    /// request's private mode), which would otherwise stay for the loop's life. Loop-only.
+    func forgetModeIfEmpty(_ mode: PKRunLoopMode) {
+        guard let items = modeItems[mode], isEmpty(mode), items.observers.isEmpty else { return }
+        modeItems[mode] = nil
+    }
+
     /// Whether `mode` has nothing that could end a wait: no sources and no timers.
     func isEmpty(_ mode: PKRunLoopMode) -> Bool {
         guard let items = modeItems[mode] else { return true }

@@ -207,4 +207,33 @@ import Testing
         try server.joinPatiently()
         kept.value = []
     }
+
+    /// Requests whose replies carry ports leave nothing behind: each request's private mode,
+    /// and everything in it, goes when the request returns. (An invalidated source left in a
+    /// mode that never runs again once kept each reply, its rights and their descriptors for
+    /// the loop's life: two descriptors per request, found by the soak.)
+    @Test func requestsLeaveNoModeOrDescriptorBehind() throws {
+        let server = try PortServer { port, _ in
+            port.handler = { message in
+                try? message.replyPort?.send(PKPortMessage(msgid: 1, components: message.components), timeout: .seconds(5))
+            }
+        }
+        try onPortLoopThread { loop in
+            let carried = PKReceivePort()
+            try loop.add(carried, forMode: .default)
+            let right = try independentRight(to: server.port)
+            let modes = loop.modeItems.count
+            let descriptors = openDescriptorCount()
+            for _ in 0..<200 {
+                let reply = try right.sendRequest(PKPortMessage(msgid: 5, components: [.port(carried.makeSendRight())]), sendTimeout: .seconds(5), receiveTimeout: .seconds(5))
+                #expect(reply?.ports.count == 1)
+                loop.run(in: .default, until: .now)
+            }
+            #expect(loop.modeItems.count == modes)
+            try runLoop(loop, "descriptors to settle") { openDescriptorCount() <= descriptors }
+            carried.invalidate()
+        }
+        server.port.invalidate()
+        try server.joinPatiently()
+    }
 }
