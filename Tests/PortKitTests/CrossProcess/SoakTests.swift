@@ -55,7 +55,7 @@ import Foundation
             #expect(try peer.waitForExit() == 0)
         }
         rights.value = [:]  // they hold the threads' ports, and so their loops
-        try waitUntil("descriptors to settle", timeout: .seconds(10)) { openDescriptorCount() <= startDescriptors }
+        try waitUntil("descriptors to settle", timeout: .seconds(10)) { openDescriptorCount() <= startDescriptors + parallelTestsDescriptorSlack }
 
         let all = tallies.value.values
         let warmUp = max(1, samples.count / 4)
@@ -72,8 +72,10 @@ import Foundation
             #expect(tally.outOfOrder == 0)
             #expect(tally.sent > 0 && tally.requests > 0)
         }
-        #expect((steady.map(\.rss).max() ?? 0) < rssAtWarm + (32 << 20), "resident memory kept growing")
-        #expect((steady.map(\.descriptors).max() ?? 0) <= fdsAtWarm + 16, "descriptors kept growing")
+        if residentMemoryIsMeaningful {
+            #expect((steady.map(\.rss).max() ?? 0) < rssAtWarm + (32 << 20), "resident memory kept growing")
+        }
+        #expect((steady.map(\.descriptors).max() ?? 0) <= fdsAtWarm + parallelTestsDescriptorSlack, "descriptors kept growing")
     }
 }
 

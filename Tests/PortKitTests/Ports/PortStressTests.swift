@@ -107,7 +107,7 @@ import Foundation
             print("stalled consumer, \(sender.rawValue) sender: held after \(stalled.sent) of \(count) messages (queue limit 256 messages / 4 MiB), still \(stalled.sentLater) a second later; resident memory \(stalled.rss >> 20) MiB when held, \(stalled.rssLater >> 20) MiB a second later; \(timeouts.value) sends timed out; received \(received.count) messages, \(receivedBytes) bytes, \(torn) torn")
             #expect(stalled.sent < count, "the sender was never held")
             #expect(stalled.sentLater == stalled.sent, "the sender made progress while the consumer stalled")
-            #expect(stalled.rssLater - stalled.rss < 16 << 20, "memory grew while the sender was held")
+            if residentMemoryIsMeaningful { #expect(stalled.rssLater - stalled.rss < 16 << 20, "memory grew while the sender was held") }
             if sender == .thread { #expect(timeouts.value > 0) }
             #expect(received == Array(1...count))
             #expect(receivedBytes == sentBytes.value)

@@ -4,6 +4,11 @@
 import Foundation
 @testable import PortKit
 
+/// Whether resident memory says anything about PortKit here: not under a sanitizer, whose
+/// shadow memory and (AddressSanitizer's) quarantine of freed blocks grow with whatever every
+/// test running in parallel allocates. Tests then report the figure without checking it.
+let residentMemoryIsMeaningful = !runsUnderThreadSanitizer && dlsym(nil, "__asan_init") == nil
+
 /// This process's resident set size in bytes (`/proc/self/statm`).
 func residentBytes() -> Int {
     guard let text = try? String(contentsOfFile: "/proc/self/statm", encoding: .utf8) else { return -1 }
@@ -11,6 +16,11 @@ func residentBytes() -> Int {
     guard fields.count > 1, let pages = Int(fields[1]) else { return -1 }
     return pages * Int(sysconf(Int32(_SC_PAGESIZE)))
 }
+
+/// How far above a starting count the process's descriptors may be when a test that ran many
+/// rounds checks for leaks: tests running in parallel open descriptors of their own, while a
+/// leak of one descriptor per round shows as hundreds.
+let parallelTestsDescriptorSlack = 64
 
 /// The descriptor numbers process `pid` has open (`/proc/PID/fd`), sorted.
 func descriptorNumbers(ofProcess pid: pid_t) -> [Int32] {
