@@ -113,6 +113,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     }
 
     deinit {
+        readBuffer.control.deallocate()
         let (pending, room) = shared.withLock { ($0.pendingAdoptions, $0.roomSignal) }
         for fd in pending { Descriptor.close(fd) }
         if room >= 0 { Descriptor.close(room) }
