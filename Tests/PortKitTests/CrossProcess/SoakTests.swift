@@ -72,8 +72,12 @@ import Foundation
             #expect(tally.outOfOrder == 0)
             #expect(tally.sent > 0 && tally.requests > 0)
         }
+        // A long soak runs alone (CI filters it), so it can hold memory to a tighter bound: a
+        // leak of 88 bytes per request (a port's recvmsg buffer) grew it by 6 MiB in 60 s. A
+        // short one shares the process with the whole suite.
+        let allowedGrowth = Self.seconds >= 30 ? 4 << 20 : 32 << 20
         if residentMemoryIsMeaningful {
-            #expect((steady.map(\.rss).max() ?? 0) < rssAtWarm + (32 << 20), "resident memory kept growing")
+            #expect((steady.map(\.rss).max() ?? 0) < rssAtWarm + allowedGrowth, "resident memory kept growing")
         }
         #expect((steady.map(\.descriptors).max() ?? 0) <= fdsAtWarm + parallelTestsDescriptorSlack, "descriptors kept growing")
     }
