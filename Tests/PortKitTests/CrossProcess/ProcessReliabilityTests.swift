@@ -97,8 +97,10 @@ import Foundation
     }
 
     /// Row 12: a peer with `RLIMIT_NOFILE` at 64 makes named ports and connections until
-    /// descriptors run out. Every failure is a `PKError` it prints (no crash, no hang); after
-    /// it releases half of what it made, a new port is registered, looked up and used.
+    /// descriptors run out. Every failure is a `PKError` it prints (no crash, no hang); while
+    /// connections wait that it cannot accept, its loop does not spin; after it releases half
+    /// of what it made, the connections that waited are accepted, and a new port is
+    /// registered, looked up and used.
     @Test func descriptorExhaustionFailsCleanlyAndRecovers() throws {
         let dir = TemporaryNameDirectory()
         let peer = try PeerProcess(["exhaust", dir.path, "64"])
@@ -112,6 +114,13 @@ import Foundation
         #expect(!failures.isEmpty, "descriptors never ran out")
         #expect(failures.first?.contains("EMFILE") == true || failures.first?.contains("Too many open files") == true)
         #expect(lines.last == "recovered")
+        // At the limit the loop waits to accept again instead of retrying on every pass.
+        let words = lines.first { $0.hasPrefix("made ") }?.split(separator: " ") ?? []
+        let cpu = words.firstIndex(of: "used").flatMap { $0 + 1 < words.count ? Int(words[$0 + 1]) : nil }
+        #expect(cpu != nil && cpu! < 30, "the loop burned \(cpu ?? -1) ms of CPU in 200 ms at the limit")
+        // Once descriptors are free again, the connections that waited are accepted.
+        let accepted = lines.first { $0.hasPrefix("accepted after the limit: ") }?.split(separator: " ")
+        #expect(accepted != nil && accepted![4] == accepted![6], "\(accepted?.joined(separator: " ") ?? "no report")")
     }
 
     /// Row 14: eight long-lived peer processes race for one name, round after round: each
