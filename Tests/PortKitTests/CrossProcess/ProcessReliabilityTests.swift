@@ -14,12 +14,12 @@ import Foundation
     /// the partial one is dropped). Every delivered message is whole, and the descriptor count
     /// after the last trial is back to what it was after the first (give or take what tests
     /// running in parallel hold: a leak in each trial would show as a thousand).
-    @Test func peerKilledMidSendIsNoticedPromptlyOverAThousandTrials() throws {
+    @Test func peerKilledMidSendIsNoticedPromptlyOverAThousandTrials() async throws {
         let dir = TemporaryNameDirectory()
         let trials = 1000
         let size = 64 * 1024
         let started = PKDeadline.now
-        let (watchLatencies, endLatencies, torn, counts) = try onLoopThread(timeout: patience(.seconds(600))) { loop in
+        let (watchLatencies, endLatencies, torn, counts) = try await awaitLoopThread(timeout: patience(.seconds(600))) { loop in
             var delivered = 0
             var torn = 0
             var endedAt: PKDeadline?
@@ -127,33 +127,37 @@ import Foundation
     /// round every racer is told "go" (in a rotating order) and tries to register the name;
     /// exactly one wins, and once the winner releases it no socket, staging socket or lock
     /// file is left behind.
-    @Test func eightProcessesRaceForOneNameOverAThousandRounds() throws {
+    @Test func eightProcessesRaceForOneNameOverAThousandRounds() async throws {
         let dir = TemporaryNameDirectory()
         let rounds = 1000
         let started = PKDeadline.now
-        let racers = try (0..<8).map { _ in try PeerProcess(["racer", dir.path, "prize"]) }
-        var wins = [Int](repeating: 0, count: racers.count)
-        var failedRounds = 0
-        for round in 0..<rounds {
-            let order = (0..<racers.count).map { (round + $0) % racers.count }
-            for index in order { try racers[index].writeLine("go") }
-            let results = try racers.map { try $0.readLine() }
-            let winners = results.indices.filter { results[$0] == "won" }
-            for winner in winners { wins[winner] += 1 }
-            for racer in racers { try racer.writeLine("release") }
-            for racer in racers { try racer.expectLine("released") }
-            let leftovers = try FileManager.default.contentsOfDirectory(atPath: dir.path)
-                .filter { $0.hasSuffix(".sock") || $0.hasSuffix(".new") || $0.hasSuffix(".lock") }
-            let good = winners.count == 1 && results.allSatisfy { $0 == "won" || $0 == "lost" } && leftovers.isEmpty
-            if !good {
-                failedRounds += 1
-                Issue.record("round \(round): \(results), left behind \(leftovers)")
-                if failedRounds == 5 { break }
+        let (failedRounds, wins) = try await awaitLoopThread(timeout: patience(.seconds(300))) { _ in
+            let racers = try (0..<8).map { _ in try PeerProcess(["racer", dir.path, "prize"]) }
+            var wins = [Int](repeating: 0, count: racers.count)
+            var failedRounds = 0
+            for round in 0..<rounds {
+                let order = (0..<racers.count).map { (round + $0) % racers.count }
+                for index in order { try racers[index].writeLine("go") }
+                let results = try racers.map { try $0.readLine() }
+                let winners = results.indices.filter { results[$0] == "won" }
+                for winner in winners { wins[winner] += 1 }
+                for racer in racers { try racer.writeLine("release") }
+                for racer in racers { try racer.expectLine("released") }
+                let leftovers = try FileManager.default.contentsOfDirectory(atPath: dir.path)
+                    .filter { $0.hasSuffix(".sock") || $0.hasSuffix(".new") || $0.hasSuffix(".lock") }
+                let good = winners.count == 1 && results.allSatisfy { $0 == "won" || $0 == "lost" } && leftovers.isEmpty
+                if !good {
+                    failedRounds += 1
+                    Issue.record("round \(round): \(results), left behind \(leftovers)")
+                    if failedRounds == 5 { break }
+                }
             }
+            for racer in racers { racer.closeInput() }
+            for racer in racers { #expect(try racer.waitForExit() == 0) }
+            return (failedRounds, wins)
         }
-        for racer in racers { racer.closeInput() }
-        for racer in racers { #expect(try racer.waitForExit() == 0) }
         print("8 processes racing for one name, \(rounds) rounds in \(milliseconds(.now - started)): \(failedRounds) bad rounds; wins per racer \(wins)")
+        #expect(failedRounds == 0)
     }
 
     /// Row 15: the owner of a name is killed at a random moment (0-3 ms after we start) while
@@ -161,10 +165,10 @@ import Foundation
     /// can. A lookup either fails cleanly (`.nameNotFound`), or its request is answered by the
     /// owner (the reply carries its pid: never another process's), or fails with the port
     /// invalidated, promptly. 200 trials.
-    @Test func lookingUpANameAsItsOwnerDiesNeverReachesAnotherProcess() throws {
+    @Test func lookingUpANameAsItsOwnerDiesNeverReachesAnotherProcess() async throws {
         let dir = TemporaryNameDirectory()
         let trials = 200
-        let (outcomes, latencies) = try onLoopThread(timeout: patience(.seconds(300))) { loop in
+        let (outcomes, latencies) = try await awaitLoopThread(timeout: patience(.seconds(300))) { loop in
             var outcomes: [String: Int] = [:]
             var latencies: [Duration] = []
             for trial in 0..<trials {

@@ -23,63 +23,67 @@ import Foundation
     /// the end each thread has every message of its predecessor once, in order, and every
     /// acknowledgement; resident memory and the descriptor count stay level after a warm-up
     /// quarter, and the descriptor count is back to the start once the threads are gone.
-    @Test func eightThreadsAndTwoProcessesExchangeMessagesWithoutLossOrGrowth() throws {
-        let dir = TemporaryNameDirectory()
-        let peers = try (0..<2).map { try PeerProcess(["echo", dir.path, "soak-\($0)"]) }
-        for peer in peers { try peer.expectLine("ready") }
-        let startDescriptors = openDescriptorCount()
-        let threadCount = 8
-        let duration = Duration.milliseconds(Int(Self.seconds * 1000))
-        let began = PKDeadline.now
-        let ends = PKDeadline.after(duration)
-        let rights = Locked<[Int: PKSendPort]>([:])
-        let tallies = Locked<[Int: Tally]>([:])
-        let threads = (0..<threadCount).map { index in
-            TestThread(name: "soak-\(index)") {
-                var tally = Tally()
-                do { try soakThread(index, of: threadCount, dir: dir, ends: ends, rights: rights, tally: &tally) } catch {
-                    tally.problems.append("\(error)")
+    @Test func eightThreadsAndTwoProcessesExchangeMessagesWithoutLossOrGrowth() async throws {
+        // The soak runs on a thread of its own: it takes seconds, and must not hold one of
+        // Swift concurrency's few threads meanwhile.
+        try await awaitLoopThread(timeout: patience(.seconds(Int(Self.seconds) + 120))) { _ in
+            let dir = TemporaryNameDirectory()
+            let peers = try (0..<2).map { try PeerProcess(["echo", dir.path, "soak-\($0)"]) }
+            for peer in peers { try peer.expectLine("ready") }
+            let startDescriptors = openDescriptorCount()
+            let threadCount = 8
+            let duration = Duration.milliseconds(Int(Self.seconds * 1000))
+            let began = PKDeadline.now
+            let ends = PKDeadline.after(duration)
+            let rights = Locked<[Int: PKSendPort]>([:])
+            let tallies = Locked<[Int: Tally]>([:])
+            let threads = (0..<threadCount).map { index in
+                TestThread(name: "soak-\(index)") {
+                    var tally = Tally()
+                    do { try soakThread(index, of: threadCount, dir: dir, ends: ends, rights: rights, tally: &tally) } catch {
+                        tally.problems.append("\(error)")
+                    }
+                    tallies.withLock { $0[index] = tally }
                 }
-                tallies.withLock { $0[index] = tally }
             }
-        }
-        // Sample memory and descriptors while the threads run.
-        var samples: [(at: Duration, rss: Int, descriptors: Int)] = []
-        while !ends.hasPassed {
-            samples.append((.now - began, residentBytes(), openDescriptorCount()))
-            sleepFor(.milliseconds(250))
-        }
-        for thread in threads { try thread.join(timeout: patience(.seconds(60))) }
-        for (index, peer) in peers.enumerated() {
-            try dir.server.lookUp("soak-\(index)").send(PKPortMessage(msgid: 99), timeout: .seconds(5))
-            #expect(try peer.waitForExit() == 0)
-        }
-        rights.value = [:]  // they hold the threads' ports, and so their loops
-        try waitUntil("descriptors to settle", timeout: .seconds(10)) { openDescriptorCount() <= startDescriptors + parallelTestsDescriptorSlack }
+            // Sample memory and descriptors while the threads run.
+            var samples: [(at: Duration, rss: Int, descriptors: Int)] = []
+            while !ends.hasPassed {
+                samples.append((.now - began, residentBytes(), openDescriptorCount()))
+                sleepFor(.milliseconds(250))
+            }
+            for thread in threads { try thread.join(timeout: patience(.seconds(60))) }
+            for (index, peer) in peers.enumerated() {
+                try dir.server.lookUp("soak-\(index)").send(PKPortMessage(msgid: 99), timeout: .seconds(5))
+                #expect(try peer.waitForExit() == 0)
+            }
+            rights.value = [:]  // they hold the threads' ports, and so their loops
+            try waitUntil("descriptors to settle", timeout: .seconds(10)) { openDescriptorCount() <= startDescriptors + parallelTestsDescriptorSlack }
 
-        let all = tallies.value.values
-        let warmUp = max(1, samples.count / 4)
-        let warm = samples.prefix(warmUp)
-        let steady = samples.dropFirst(warmUp)
-        let rssAtWarm = warm.map(\.rss).max() ?? 0
-        let fdsAtWarm = warm.map(\.descriptors).max() ?? 0
-        let sent = all.reduce(0) { $0 + $1.sent }
-        let requests = all.reduce(0) { $0 + $1.requests }
-        print("soak \(Self.seconds) s, \(threadCount) threads and 2 processes: \(sent) ring messages with a port each, \(requests) requests to processes with a port each, \(all.reduce(0) { $0 + $1.outOfOrder }) lost or out of order; resident memory \(rssAtWarm >> 20) MiB after warm-up, \((steady.map(\.rss).max() ?? 0) >> 20) MiB at most after, \((samples.last?.rss ?? 0) >> 20) MiB at the end; descriptors \(startDescriptors) at the start, \(fdsAtWarm) at most in warm-up, \(steady.map(\.descriptors).max() ?? 0) at most after, \(openDescriptorCount()) at the end")
-        #expect(all.count == threadCount)
-        for tally in all {
-            #expect(tally.problems.isEmpty, "\(tally.problems)")
-            #expect(tally.outOfOrder == 0)
-            #expect(tally.sent > 0 && tally.requests > 0)
+            let all = tallies.value.values
+            let warmUp = max(1, samples.count / 4)
+            let warm = samples.prefix(warmUp)
+            let steady = samples.dropFirst(warmUp)
+            let rssAtWarm = warm.map(\.rss).max() ?? 0
+            let fdsAtWarm = warm.map(\.descriptors).max() ?? 0
+            let sent = all.reduce(0) { $0 + $1.sent }
+            let requests = all.reduce(0) { $0 + $1.requests }
+            print("soak \(Self.seconds) s, \(threadCount) threads and 2 processes: \(sent) ring messages with a port each, \(requests) requests to processes with a port each, \(all.reduce(0) { $0 + $1.outOfOrder }) lost or out of order; resident memory \(rssAtWarm >> 20) MiB after warm-up, \((steady.map(\.rss).max() ?? 0) >> 20) MiB at most after, \((samples.last?.rss ?? 0) >> 20) MiB at the end; descriptors \(startDescriptors) at the start, \(fdsAtWarm) at most in warm-up, \(steady.map(\.descriptors).max() ?? 0) at most after, \(openDescriptorCount()) at the end")
+            #expect(all.count == threadCount)
+            for tally in all {
+                #expect(tally.problems.isEmpty, "\(tally.problems)")
+                #expect(tally.outOfOrder == 0)
+                #expect(tally.sent > 0 && tally.requests > 0)
+            }
+            // A long soak runs alone (CI filters it), so it can hold memory to a tighter bound: a
+            // leak of 88 bytes per request (a port's recvmsg buffer) grew it by 6 MiB in 60 s. A
+            // short one shares the process with the whole suite.
+            let allowedGrowth = Self.seconds >= 30 ? 4 << 20 : 32 << 20
+            if residentMemoryIsMeaningful {
+                #expect((steady.map(\.rss).max() ?? 0) < rssAtWarm + allowedGrowth, "resident memory kept growing")
+            }
+            #expect((steady.map(\.descriptors).max() ?? 0) <= fdsAtWarm + parallelTestsDescriptorSlack, "descriptors kept growing")
         }
-        // A long soak runs alone (CI filters it), so it can hold memory to a tighter bound: a
-        // leak of 88 bytes per request (a port's recvmsg buffer) grew it by 6 MiB in 60 s. A
-        // short one shares the process with the whole suite.
-        let allowedGrowth = Self.seconds >= 30 ? 4 << 20 : 32 << 20
-        if residentMemoryIsMeaningful {
-            #expect((steady.map(\.rss).max() ?? 0) < rssAtWarm + allowedGrowth, "resident memory kept growing")
-        }
-        #expect((steady.map(\.descriptors).max() ?? 0) <= fdsAtWarm + parallelTestsDescriptorSlack, "descriptors kept growing")
     }
 }
 

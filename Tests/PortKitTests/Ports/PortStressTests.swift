@@ -19,14 +19,14 @@ import Foundation
     /// While it is held for a second it makes no progress and our resident memory stays flat.
     /// Once the consumer returns, every message arrives once, in order, intact.
     @Test(arguments: Sender.allCases)
-    func stalledConsumerHoldsTheSenderAndLosesNothing(_ sender: Sender) throws {
+    func stalledConsumerHoldsTheSenderAndLosesNothing(_ sender: Sender) async throws {
         let dir = TemporaryNameDirectory()
         let count: UInt32 = 1000
         let maxSize = 64 * 1024
         var limits = PKPortLimits()
         limits.maxQueuedMessages = 256
         limits.maxQueuedBytes = 4 << 20
-        try onPortLoopThread(timeout: .seconds(120)) { [limits] loop in
+        try await awaitLoopThread(timeout: patience(.seconds(120))) { [limits] loop in
             var received: [UInt32] = []
             var receivedBytes = 0
             var torn = 0
@@ -124,13 +124,13 @@ import Foundation
     /// handler without `SA_RESTART`) interrupts the senders and the receiving loop's thread.
     /// Every message arrives once, in order per sender, byte for byte. Meanwhile a send with a
     /// 100 ms deadline to a port whose queue is full still times out on time.
-    @Test func signalStormsAndTinySocketBuffersCorruptNothing() throws {
+    @Test func signalStormsAndTinySocketBuffersCorruptNothing() async throws {
         let storm = SignalStorm()
         let senders = 4
         let perSender = runsUnderThreadSanitizer ? 60 : 250
         let limit = 1 << 20
         let started = PKDeadline.now
-        let (received, corrupt, timedOutAfter, chunks) = try onPortLoopThread(timeout: .seconds(300)) { loop in
+        let (received, corrupt, timedOutAfter, chunks) = try await awaitLoopThread(timeout: patience(.seconds(300))) { loop in
             storm.join()
             defer { storm.leave() }
             var limits = PKPortLimits()

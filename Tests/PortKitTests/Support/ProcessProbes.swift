@@ -63,6 +63,30 @@ func killAndReap(_ pid: pid_t) {
     _ = waitpid(pid, &status, 0)
 }
 
+/// Runs `body` on a new thread with its own run loop, as `onLoopThread` does, but awaits it
+/// instead of holding a thread of Swift concurrency's pool: a synchronous test blocks one for
+/// its whole length, and on two cores the pool has two, which async tests running alongside
+/// need. For tests that take seconds. Throws `TestTimeout` if `timeout` passes first.
+func awaitLoopThread<R: Sendable>(
+    timeout: Duration, _ body: @escaping @Sendable (PKRunLoop) throws -> R
+) async throws -> R {
+    let resumed = Locked(false)
+    return try await withCheckedThrowingContinuation { continuation in
+        let finish: @Sendable (Result<R, any Error>) -> Void = { result in
+            let first = resumed.withLock { done -> Bool in
+                defer { done = true }
+                return !done
+            }
+            if first { continuation.resume(with: result) }
+        }
+        _ = TestThread(name: "loop-thread") { finish(Result { try body(PKRunLoop.current) }) }
+        let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
+        DispatchQueue.global().asyncAfter(deadline: .now() + seconds) {
+            finish(.failure(TestTimeout(what: "the test's loop thread, after \(timeout)")))
+        }
+    }
+}
+
 /// "p50 …, p99 …, max …" of `durations`, in milliseconds.
 func latencySummary(_ durations: [Duration]) -> String {
     guard !durations.isEmpty else { return "no samples" }
