@@ -12,6 +12,8 @@ final class NameRegistration {
     private let listenFD: Int32
     private let socketInode: UInt64
     private var listener: PKDescriptorSource?
+    /// Resumes accepting after descriptors ran out.
+    private var resumeTimer: PKTimer?
     private weak var port: PKReceivePort?
     private(set) var isActive = true
 
@@ -59,18 +61,42 @@ final class NameRegistration {
     private func acceptWaiting() {
         guard let port else { return }
         for _ in 0..<64 {
-            switch try? Socket.accept(listenFD) {
-            case .done(let fd): port.adoptAccepted(fd)
-            case .wouldBlock, nil: return
+            do throws(PKError) {
+                switch try Socket.accept(listenFD) {
+                case .done(let fd): port.adoptAccepted(fd)
+                case .wouldBlock: return
+                }
+            } catch {
+                if Socket.isOutOfDescriptors(error.errno) { pauseAccepting() }
+                return
             }
         }
     }
+
+    /// Out of descriptors, the listener stays readable with connections it cannot accept, and
+    /// every pass of the loop would try again: stop watching it for a moment (the connections
+    /// wait in the backlog), then try again. Loop-only.
+    private func pauseAccepting() {
+        guard let listener, !listener.events.isEmpty, let loop = listener.loop else { return }
+        listener.events = []
+        let timer = PKTimer(fireDate: .after(Self.acceptRetryDelay)) { [weak self] _ in
+            self?.resumeTimer = nil
+            self?.listener?.events = .readable
+        }
+        resumeTimer = timer
+        for mode in listener.modes { loop.add(timer, forMode: mode) }
+    }
+
+    /// How long a listener that ran out of descriptors waits before it accepts again.
+    static let acceptRetryDelay: Duration = .milliseconds(50)
 
     /// Removes the name: the socket file (if it is still ours), the listener, the lock file,
     /// then the lock. Loop-only; idempotent.
     func end() {
         guard isActive else { return }
         isActive = false
+        resumeTimer?.invalidate()
+        resumeTimer = nil
         if let listener, let port { port.detachCompanion(listener) } else { listener?.invalidate() }
         listener = nil
         let socketPath = directory.socketPath(name)

@@ -133,6 +133,11 @@ enum Socket {
         return nil
     }
 
+    /// Whether an errno means the process or the system has no descriptor left.
+    static func isOutOfDescriptors(_ errno: Int32?) -> Bool {
+        errno == EMFILE || errno == ENFILE
+    }
+
     /// Whether an errno from a send means the peer is gone.
     static func isPeerGone(_ errno: Int32?) -> Bool {
         errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN

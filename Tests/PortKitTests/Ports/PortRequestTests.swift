@@ -282,4 +282,35 @@ import Testing
         }
         if let output = result?.standardOutputContent { print(String(decoding: output, as: UTF8.self)) }
     }
+
+    /// Requests whose replies carry ports leave nothing behind: the reply, its rights and their
+    /// descriptors go when the request returns, and no mode is added after the first request
+    /// (its reply machinery is reused). (Once each request's private mode stayed, holding its
+    /// reply and the descriptors of the rights in it for the loop's life: found by the soak.)
+    @Test func requestsLeaveNoModeOrDescriptorBehind() throws {
+        let server = try PortServer { port, _ in
+            port.handler = { message in
+                try? message.replyPort?.send(PKPortMessage(msgid: 1, components: message.components), timeout: .seconds(5))
+            }
+        }
+        try onPortLoopThread { loop in
+            let carried = PKReceivePort()
+            try loop.add(carried, forMode: .default)
+            let right = try independentRight(to: server.port)
+            _ = try right.sendRequest(PKPortMessage(msgid: 5, components: [.port(carried.makeSendRight())]), sendTimeout: .seconds(5), receiveTimeout: .seconds(5))
+            loop.run(in: .default, until: .now)
+            let modes = loop.modeItems.count
+            let descriptors = openDescriptorCount()
+            for _ in 0..<200 {
+                let reply = try right.sendRequest(PKPortMessage(msgid: 5, components: [.port(carried.makeSendRight())]), sendTimeout: .seconds(5), receiveTimeout: .seconds(5))
+                #expect(reply?.ports.count == 1)
+                loop.run(in: .default, until: .now)
+            }
+            #expect(loop.modeItems.count == modes)
+            try runLoop(loop, "descriptors to settle") { openDescriptorCount() <= descriptors + parallelTestsDescriptorSlack }
+            carried.invalidate()
+        }
+        server.port.invalidate()
+        try server.joinPatiently()
+    }
 }

@@ -26,7 +26,7 @@ import Foundation
         var limits = PKPortLimits()
         limits.maxQueuedMessages = 256
         limits.maxQueuedBytes = 4 << 20
-        try await onPortLoopThread(timeout: .seconds(120)) { [limits] loop in
+        try await awaitLoopThread(timeout: patience(.seconds(120))) { [limits] loop in
             var received: [UInt32] = []
             var receivedBytes = 0
             var torn = 0
@@ -107,7 +107,7 @@ import Foundation
             print("stalled consumer, \(sender.rawValue) sender: held after \(stalled.sent) of \(count) messages (queue limit 256 messages / 4 MiB), still \(stalled.sentLater) a second later; resident memory \(stalled.rss >> 20) MiB when held, \(stalled.rssLater >> 20) MiB a second later; \(timeouts.value) sends timed out; received \(received.count) messages, \(receivedBytes) bytes, \(torn) torn")
             #expect(stalled.sent < count, "the sender was never held")
             #expect(stalled.sentLater == stalled.sent, "the sender made progress while the consumer stalled")
-            #expect(stalled.rssLater - stalled.rss < 16 << 20, "memory grew while the sender was held")
+            if residentMemoryIsMeaningful { #expect(stalled.rssLater - stalled.rss < 16 << 20, "memory grew while the sender was held") }
             if sender == .thread { #expect(timeouts.value > 0) }
             #expect(received == Array(1...count))
             #expect(receivedBytes == sentBytes.value)
@@ -130,7 +130,7 @@ import Foundation
         let perSender = runsUnderThreadSanitizer ? 60 : 250
         let limit = 1 << 20
         let started = PKDeadline.now
-        let (received, corrupt, timedOutAfter, chunks) = try await onPortLoopThread(timeout: .seconds(300)) { loop in
+        let (received, corrupt, timedOutAfter, chunks) = try await awaitLoopThread(timeout: patience(.seconds(300))) { loop in
             storm.join()
             defer { storm.leave() }
             var limits = PKPortLimits()

@@ -33,14 +33,6 @@ extension TestLatch {
     }
 }
 
-/// The `async` form, for long tests: no thread of Swift concurrency's pool is held meanwhile.
-@discardableResult
-func onPortLoopThread<R: Sendable>(
-    timeout: Duration = .seconds(30), _ body: @escaping @Sendable (PKRunLoop) throws -> R
-) async throws -> R {
-    try await onLoopThread(timeout: patience(timeout), body)
-}
-
 /// `onLoopThread` with a hang-catching deadline stretched by `patience`.
 @discardableResult
 func onPortLoopThread<R: Sendable>(

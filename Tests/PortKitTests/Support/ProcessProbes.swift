@@ -4,6 +4,16 @@
 import Foundation
 @testable import PortKit
 
+/// Whether resident memory says anything about PortKit here: not under a sanitizer, whose
+/// shadow memory and (AddressSanitizer's) quarantine of freed blocks grow with whatever every
+/// test running in parallel allocates. Tests then report the figure without checking it.
+let residentMemoryIsMeaningful = !runsUnderThreadSanitizer && dlsym(nil, "__asan_init") == nil
+
+/// The bound the reliability tests state for noticing a peer's death (its `kill -9` to our
+/// invalidation): 1 s; 5 s under a sanitizer, whose processes take far longer to tear down
+/// (under ThreadSanitizer on a loaded machine, p50 5 ms but a maximum of 0.4 s).
+let peerDeathBound: Duration = residentMemoryIsMeaningful ? .seconds(1) : .seconds(5)
+
 /// This process's resident set size in bytes (`/proc/self/statm`).
 func residentBytes() -> Int {
     guard let text = try? String(contentsOfFile: "/proc/self/statm", encoding: .utf8) else { return -1 }
@@ -11,6 +21,11 @@ func residentBytes() -> Int {
     guard fields.count > 1, let pages = Int(fields[1]) else { return -1 }
     return pages * Int(sysconf(Int32(_SC_PAGESIZE)))
 }
+
+/// How far above a starting count the process's descriptors may be when a test that ran many
+/// rounds checks for leaks: tests running in parallel open descriptors of their own, while a
+/// leak of one descriptor per round shows as hundreds.
+let parallelTestsDescriptorSlack = 64
 
 /// The descriptor numbers process `pid` has open (`/proc/PID/fd`), sorted.
 func descriptorNumbers(ofProcess pid: pid_t) -> [Int32] {
@@ -46,6 +61,30 @@ func killAndReap(_ pid: pid_t) {
     kill(pid, SIGKILL)
     var status: Int32 = 0
     _ = waitpid(pid, &status, 0)
+}
+
+/// Runs `body` on a new thread with its own run loop, as `onLoopThread` does, but awaits it
+/// instead of holding a thread of Swift concurrency's pool: a synchronous test blocks one for
+/// its whole length, and on two cores the pool has two, which async tests running alongside
+/// need. For tests that take seconds. Throws `TestTimeout` if `timeout` passes first.
+func awaitLoopThread<R: Sendable>(
+    timeout: Duration, _ body: @escaping @Sendable (PKRunLoop) throws -> R
+) async throws -> R {
+    let resumed = Locked(false)
+    return try await withCheckedThrowingContinuation { continuation in
+        let finish: @Sendable (Result<R, any Error>) -> Void = { result in
+            let first = resumed.withLock { done -> Bool in
+                defer { done = true }
+                return !done
+            }
+            if first { continuation.resume(with: result) }
+        }
+        _ = TestThread(name: "loop-thread") { finish(Result { try body(PKRunLoop.current) }) }
+        let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
+        DispatchQueue.global().asyncAfter(deadline: .now() + seconds) {
+            finish(.failure(TestTimeout(what: "the test's loop thread, after \(timeout)")))
+        }
+    }
 }
 
 /// "p50 …, p99 …, max …" of `durations`, in milliseconds.

@@ -34,17 +34,6 @@ final class TestThread: @unchecked Sendable {
     func join(timeout: Duration = .seconds(10)) throws {
         try waitUntil("thread to finish", timeout: timeout) { self.done.value }
     }
-
-    /// Waits for the thread to end, up to `timeout`, without holding a thread of Swift
-    /// concurrency's pool (the pool has one thread per CPU: a test that blocks one for long
-    /// starves every async test meanwhile).
-    func join(timeout: Duration = .seconds(10)) async throws {
-        let deadline = PKDeadline.after(timeout)
-        while !done.value {
-            if deadline.hasPassed { throw TestTimeout(what: "thread \(thread.name ?? "")") }
-            try await Task.sleep(for: .milliseconds(2))
-        }
-    }
 }
 
 /// Polls `condition` every millisecond until it holds or `timeout` passes.
@@ -87,24 +76,8 @@ func sleepFor(_ duration: Duration) {
     nanosleep(&spec, nil)
 }
 
-/// Runs `body` on a new thread with its own run loop and waits for it (awaiting, so that no
-/// thread of Swift concurrency's pool is held), up to `timeout`. For long tests: declare them
-/// `async` and `try await onLoopThread`.
-@discardableResult
-func onLoopThread<R: Sendable>(
-    timeout: Duration = .seconds(30), _ body: @escaping @Sendable (PKRunLoop) throws -> R
-) async throws -> R {
-    let result = Locked<Result<R, any Error>?>(nil)
-    let thread = TestThread(name: "loop-thread") {
-        let outcome = Result { try body(PKRunLoop.current) }
-        result.value = outcome
-    }
-    try await thread.join(timeout: timeout)
-    return try result.value!.get()
-}
-
 /// Runs `body` on a new thread with its own run loop and waits for it, up to `timeout`.
-/// Loop tests use this so each gets a fresh loop; a long test uses the `async` form.
+/// Loop tests use this so each gets a fresh loop; a long test uses `awaitLoopThread`.
 @discardableResult
 func onLoopThread<R: Sendable>(
     timeout: Duration = .seconds(30), _ body: @escaping @Sendable (PKRunLoop) throws -> R
