@@ -15,7 +15,9 @@ final class CheckInListener {
     /// A listener on the calling thread's loop. Loop-only.
     init() throws(PKError) {
         loop = PKRunLoop.current
-        mode = PKRunLoopMode("PKCheckInMode-\(checkInCounter.add(1, ordering: .relaxed).newValue)")
+        // One private mode per nesting depth, reused by every check-in on this loop.
+        mode = PKRunLoopMode("PKCheckInMode-\(loop.checkInDepth)")
+        loop.checkInDepth += 1
         port = PKReceivePort()
         port.handler = { [unowned self] message in
             guard action == .wait else { return }
@@ -31,11 +33,15 @@ final class CheckInListener {
         try loop.add(port, forMode: mode)
     }
 
-    deinit { port.invalidate() }
+    deinit {
+        port.invalidate()
+        loop.checkInDepth -= 1
+    }
 
-    /// A right to the check-in port for a worker thread's check-in message (in memory), so the
-    /// launcher gets the worker's port as an in-process right.
-    func makeLocalRight() -> PKSendPort { port.makeSendRight() }
+    /// A worker thread's right to the check-in port, in memory: its check-in message arrives
+    /// with the worker's port as an in-process right, and when the worker ends without
+    /// checking in (its right released) the port has no senders left: the worker is gone.
+    func makeWorkerRight() -> PKSendPort { PKSendPort(localRight: LocalRight(port: port)) }
 
     /// A connection of the worker's own to the check-in port, as a descriptor: when the worker
     /// (thread or process) ends, it closes and the listener learns the worker is gone.
@@ -65,7 +71,6 @@ final class CheckInListener {
     }
 }
 
-private let checkInCounter = Atomic<UInt64>(0)
 
 /// The worker's side of a check-in, shared by threads and processes: Listings 3-14 and 3-15.
 enum WorkerRuntime {
@@ -76,10 +81,8 @@ enum WorkerRuntime {
     ///   (the launcher died); for worker processes, whose launcher keeps its end open.
     /// - Throws: `PKError` with `.checkInFailed` if the worker could not check in (the reason
     ///   `setUp` gave included).
-    ///   - checkInVia: where to send the check-in message, if not over `checkInRight` (a worker
-    ///     thread sends it in memory; its connection then only tells the launcher it ended).
     static func serve(
-        name: String, mainPort: PKSendPort?, checkInRight: PKSendPort, checkInVia: PKSendPort? = nil,
+        name: String, mainPort: PKSendPort?, checkInRight: PKSendPort,
         watchLauncher: Bool = false, setUp: (PKWorkerContext) throws -> Void
     ) throws(PKError) {
         let loop = PKRunLoop.current
@@ -101,7 +104,7 @@ enum WorkerRuntime {
         }
         // Listing 3-15: send the check-in message, the worker's port as the reply port.
         let checkIn = PKPortMessage(msgid: PKCheckIn.messageID, data: context.checkInData, replyPort: port.makeSendRight())
-        do { try (checkInVia ?? checkInRight).send(checkIn, before: .after(PKCheckIn.defaultTimeout)) } catch {
+        do { try checkInRight.send(checkIn, before: .after(PKCheckIn.defaultTimeout)) } catch {
             throw PKError(.checkInFailed, "worker \(name): the check-in message could not be sent: \(error.message)")
         }
         var launcherWatch: PKInvalidationWatch?

@@ -76,12 +76,11 @@ public final class PKWorkerThread: @unchecked Sendable {
     ) throws(PKError) {
         self.name = name
         let listener = try CheckInListener()
-        let checkInRight = PKSendPort(connection: SendConnection(takingOwnershipOf: try listener.makeWorkerConnection()))
-        let checkInVia = listener.makeLocalRight()
+        let checkInRight = listener.makeWorkerRight()
         let finished = Semaphore()
         self.finished = finished
         thread = try SystemThread(name: name) {
-            try? WorkerRuntime.serve(name: name, mainPort: mainPort, checkInRight: checkInRight, checkInVia: checkInVia, setUp: setUp)
+            try? WorkerRuntime.serve(name: name, mainPort: mainPort, checkInRight: checkInRight, setUp: setUp)
             finished.signal()
         }
         do throws(PKError) {

@@ -39,7 +39,9 @@ public final class PKRunLoop: @unchecked Sendable {
 
     let epollFD: Int32
     let wakeFD: Int32
-    let timerFD: Int32
+    /// The timerfd, made when the loop first arms a timer (a loop that never has one, such as a
+    /// worker's, costs two descriptors and no more system calls than it needs).
+    @exclusivity(unchecked) private var timerFD: Int32 = -1
 
     // Cross-thread state.
     private let wakePending = Atomic<Bool>(false)
@@ -83,6 +85,8 @@ public final class PKRunLoop: @unchecked Sendable {
     /// `sendRequest`'s reusable reply ports and private modes, one per nesting depth.
     @exclusivity(unchecked) var replySlots: [ReplySlot] = []
     @exclusivity(unchecked) var requestDepth = 0
+    /// Check-ins being waited for on this loop (`CheckInListener`), for their private modes.
+    @exclusivity(unchecked) var checkInDepth = 0
     /// Connections this thread left bytes pending on during the current pass (coalesced
     /// writes): written before the loop waits or returns.
     @exclusivity(unchecked) var pendingWrites: [SendConnection] = []
@@ -162,9 +166,7 @@ public final class PKRunLoop: @unchecked Sendable {
         do {
             epollFD = try Epoll.create()
             wakeFD = try EventFD.create()
-            timerFD = try TimerFD.create()
             try Epoll.add(epollFD, wakeFD, events: Epoll.readable, token: Token.wake)
-            try Epoll.add(epollFD, timerFD, events: Epoll.readable, token: Token.timer)
         } catch {
             // A thread without a run loop cannot do anything PortKit offers.
             fatalError("PortKit cannot create a run loop: \(error)")
@@ -172,7 +174,7 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     deinit {
-        Descriptor.close(timerFD)
+        if timerFD >= 0 { Descriptor.close(timerFD) }
         Descriptor.close(wakeFD)
         Descriptor.close(epollFD)
     }
@@ -477,6 +479,21 @@ public final class PKRunLoop: @unchecked Sendable {
         }
         guard earliest != armedTimer else { return }
         armedTimer = earliest
+        if timerFD < 0 {
+            guard earliest != nil else { return }
+            do throws(PKError) {
+                let made = try TimerFD.create()
+                do throws(PKError) { try Epoll.add(epollFD, made, events: Epoll.readable, token: Token.timer) } catch {
+                    Descriptor.close(made)
+                    throw error
+                }
+                timerFD = made
+            } catch {
+                // Out of descriptors: the timer cannot wake the loop now; the next arming tries again.
+                armedTimer = nil
+                return
+            }
+        }
         TimerFD.set(timerFD, deadline: earliest)
     }
 
