@@ -362,9 +362,11 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             drop(connection)
             return
         }
-        let deadline = PKDeadline.after(limits.greetingTimeout)
-        connection.greetingDeadline = deadline
-        armGreetingTimer(loop)
+        connection.greetingDeadline = .after(limits.greetingTimeout)
+        // A real client wrote its greeting before we accepted: read it now, so that a burst of
+        // connections accepted in one pass never counts real clients as silent ones.
+        handle(.readable, on: connection)
+        if connection.greetingDeadline != nil, connections[ObjectIdentifier(connection)] != nil { armGreetingTimer(loop) }
     }
 
     private func armGreetingTimer(_ loop: PKRunLoop) {

@@ -111,6 +111,28 @@ final class TemporaryNameDirectory: Sendable {
 }
 
 @Suite struct GreetingTimeoutTests {
+    /// A burst of real clients, more than the pending-greeting limit, connecting before the
+    /// owner's loop runs (all accepted in one pass): every one is served, none is taken for a
+    /// silent connection, since each one's greeting is read as it is accepted.
+    @Test func aBurstOfRealClientsBeyondThePendingLimitIsServed() throws {
+        let dir = TemporaryNameDirectory()
+        let got = try onLoopThread { loop -> [UInt32] in
+            var limits = PKPortLimits()
+            limits.maxPendingGreetings = 3
+            var got: [UInt32] = []
+            let port = PKReceivePort(limits: limits) { got.append($0.msgid) }
+            try loop.add(port, forMode: .default)
+            try dir.server.register(port, name: "busy")
+            // Twenty clients connect, greet and send while the loop does not run.
+            let rights = try (0..<20).map { _ in try dir.server.lookUp("busy") }
+            for (index, right) in rights.enumerated() { try right.send(PKPortMessage(msgid: UInt32(index)), timeout: .seconds(5)) }
+            try runLoop(loop, "every client's message") { got.count == rights.count }
+            port.invalidate()
+            return got
+        }
+        #expect(got.sorted() == Array(0..<20))
+    }
+
     @Test func silentConnectionsAreDroppedAndRealClientsStillServed() throws {
         let dir = TemporaryNameDirectory()
         let outcome = try onLoopThread { loop -> (silentClosed: [Bool], got: [UInt32], oldestEvicted: Bool) in
