@@ -29,7 +29,8 @@ import Foundation
                     var endedAt: PKDeadline?
                     let sink = PKReceivePort { message in
                         delivered += 1
-                        if message.data.count != size || message.data.contains(where: { $0 != 7 }) { torn += 1 }
+                        // Cheap, so that the latency measured is PortKit's, not this check's.
+                        if message.data.count != size || message.data.first != 7 || message.data.last != 7 { torn += 1 }
                     }
                     sink.onNoSenders = { endedAt = .now }
                     try loop.add(sink, forMode: .default)
@@ -67,7 +68,7 @@ import Foundation
                 exit(1)
             case .success(let (watchLatencies, endLatencies, torn, counts)):
                 print("kill -9 mid-send, \(trials) trials in \(milliseconds(.now - started)): watch fired after \(latencySummary(watchLatencies)); connection ended after \(latencySummary(endLatencies)); torn messages \(torn); descriptors \(counts.0) after the first trial, \(counts.1) after the last")
-                let good = torn == 0 && watchLatencies.max()! < .seconds(1) && endLatencies.max()! < .seconds(1) && counts.1 <= counts.0
+                let good = torn == 0 && watchLatencies.max()! < peerDeathBound && endLatencies.max()! < peerDeathBound && counts.1 <= counts.0
                 exit(good ? 0 : 1)
             }
         }
