@@ -382,53 +382,36 @@ final class SendConnection: @unchecked Sendable {
                 state.pending.removeFirst(written)
             }
         }
-        while written < state.pending.count {
-            let result: IOResult<Int>
-            do throws(PKError) {
-                result = try Socket.send(fd, state.pending, from: written, descriptors: [])
-            } catch {
-                if Socket.isPeerGone(error.errno) {
-                    markInvalid(&state, "the receive port is gone")
-                    throw PKError(.invalidPort, "cannot send: the receive port is gone")
-                }
-                markInvalid(&state, "the connection failed: \(error)")
-                throw PKError(.transport, "sending failed; the connection was closed", call: error.call, errno: error.errno)
-            }
-            switch result {
-            case .done(let n):
-                written += n
-            case .wouldBlock:
-                if deadline.hasPassed {
-                    if failOnTimeout {
-                        throw PKError(.sendTimedOut, "the receive port's queue stayed full until the send deadline; nothing was sent")
-                    }
-                    return false
-                }
-                let outcome: Socket.WaitResult
+        let pending = state.pending
+        while true {
+            written = try writeLocked(&state, pending, from: written)
+            if written == pending.count { return true }
+            // The socket is full: wait for room, if there is time.
+            var outcome = Socket.WaitResult.timedOut
+            if !deadline.hasPassed {
                 do { outcome = try Socket.waitWritable(fd, until: deadline) } catch {
                     markInvalid(&state, "waiting to send failed: \(error)")
                     throw PKError(.transport, "waiting to send failed", call: error.call, errno: error.errno)
                 }
-                switch outcome {
-                case .writable: continue
-                case .hangUp:
-                    markInvalid(&state, "the receive port is gone")
-                    throw PKError(.invalidPort, "cannot send: the receive port is gone")
-                case .timedOut:
-                    if failOnTimeout {
-                        throw PKError(.sendTimedOut, "the receive port's queue stayed full until the send deadline; nothing was sent")
-                    }
-                    return false
+            }
+            switch outcome {
+            case .writable: continue
+            case .hangUp:
+                markInvalid(&state, "the receive port is gone")
+                throw PKError(.invalidPort, "cannot send: the receive port is gone")
+            case .timedOut:
+                if failOnTimeout {
+                    throw PKError(.sendTimedOut, "the receive port's queue stayed full until the send deadline; nothing was sent")
                 }
+                return false
             }
         }
-        return true
     }
 
-    /// Writes what the socket takes of a frame now; returns how many bytes went out. The
-    /// frame's descriptors travel with its first byte.
-    private func writeLocked(_ state: inout State, _ bytes: [UInt8], descriptors: [Int32]) throws(PKError) -> Int {
-        var offset = 0
+    /// Writes what the socket takes of `bytes` from `start` now; returns the offset reached.
+    /// Descriptors travel with the first byte written.
+    private func writeLocked(_ state: inout State, _ bytes: [UInt8], from start: Int = 0, descriptors: [Int32] = []) throws(PKError) -> Int {
+        var offset = start
         var attach = descriptors
         while offset < bytes.count {
             let result: IOResult<Int>
