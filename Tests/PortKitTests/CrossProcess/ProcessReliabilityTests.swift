@@ -62,6 +62,8 @@ import Foundation
                     return (watchLatencies, endLatencies, torn, (baseline, openDescriptorCount()))
                 }
             }
+            // exit() runs no deinit: remove the name directory here.
+            try? FileManager.default.removeItem(atPath: dir.path)
             switch outcome {
             case .failure(let error):
                 print("failed: \(error)")
