@@ -358,7 +358,10 @@ final class SendConnection: @unchecked Sendable {
     /// (at most `finalFlushPatience`); a flush that cannot finish by then closes the
     /// connection. For a thread or a process that ends with bytes pending. Safe from any thread.
     func flushPending() {
+        defer { PendingWritesAtExit.remove(self) }
         lock.withLock { state in
+            // This ends any loop's duty to flush: the next pending bytes arrange a new one.
+            state.flushScheduled = false
             guard !state.pending.isEmpty, state.invalidReason == nil else { return }
             let deadline = min(state.pendingDeadline, .after(Self.finalFlushPatience))
             do throws(PKError) {

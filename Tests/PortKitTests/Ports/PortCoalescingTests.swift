@@ -10,7 +10,10 @@ import Testing
 @Suite struct PortCoalescingTests {
     /// Streams `count` numbered frames of `size` bytes through `send`, to a port whose loop
     /// pauses now and then, and checks that every frame arrived once, whole, in order per sender.
-    private func stream(senders: Int, count: Int, size: Int, _ send: @escaping @Sendable (PKSendPort, Int, UInt32) throws -> Void) throws {
+    /// Runs on a thread of its own (`awaitLoopThread`): it takes seconds, and must not hold one
+    /// of Swift concurrency's threads meanwhile.
+    private func stream(senders: Int, count: Int, size: Int, _ send: @escaping @Sendable (PKSendPort, Int, UInt32) throws -> Void) async throws {
+        let result = try await awaitLoopThread(timeout: patience(.seconds(300))) { _ -> String? in
         let published = TestLatch<PKSendPort>()
         let outcome = Locked<String?>(nil)
         let receiver = TestThread(name: "slow-receiver") {
@@ -49,7 +52,9 @@ import Testing
         }
         for thread in threads { try thread.joinPatiently(timeout: .seconds(120)) }
         try receiver.joinPatiently(timeout: .seconds(120))
-        #expect(outcome.value == "ok")
+        return outcome.value
+        }
+        #expect(result == "ok")
     }
 
     private static func frame(_ sender: Int, _ seq: UInt32, size: Int) -> PKPortMessage {
@@ -57,14 +62,14 @@ import Testing
     }
 
     @Test(arguments: [64, 3000])
-    func framesFromAThreadWithoutALoopAllArrive(size: Int) throws {
-        try stream(senders: 1, count: 20_000, size: size) { right, sender, seq in
+    func framesFromAThreadWithoutALoopAllArrive(size: Int) async throws {
+        try await stream(senders: 1, count: 20_000, size: size) { right, sender, seq in
             try right.send(Self.frame(sender, seq, size: size), timeout: patience(.seconds(30)))
         }
     }
 
-    @Test func framesFromSeveralThreadsOnOneRightAllArrive() throws {
-        try stream(senders: 4, count: 5_000, size: 200) { right, sender, seq in
+    @Test func framesFromSeveralThreadsOnOneRightAllArrive() async throws {
+        try await stream(senders: 4, count: 5_000, size: 200) { right, sender, seq in
             try right.send(Self.frame(sender, seq, size: 200), timeout: patience(.seconds(30)))
         }
     }
@@ -72,8 +77,8 @@ import Testing
     /// A handler streams frames within one pass (they join the pending bytes at once); the loop
     /// writes them before it waits, and at its thread's end.
     @Test(arguments: [64, 3000])
-    func framesStreamedFromAHandlerAllArrive(size: Int) throws {
-        try stream(senders: 1, count: 20_000, size: size) { right, sender, seq in
+    func framesStreamedFromAHandlerAllArrive(size: Int) async throws {
+        try await stream(senders: 1, count: 20_000, size: size) { right, sender, seq in
             // Batches of 500 frames, each batch sent from inside one handler of this thread's loop.
             guard seq % 500 == 0 else { return }
             let loop = PKRunLoop.current

@@ -261,7 +261,7 @@ import Testing
                         // The server closes its side of each reply connection on its own thread.
                         var after = openDescriptorCount()
                         let settle = PKDeadline.after(.seconds(10))
-                        while after != before.1 && !settle.hasPassed {
+                        while after > before.1 && !settle.hasPassed {
                             sleepFor(.milliseconds(5))
                             after = openDescriptorCount()
                         }
@@ -276,11 +276,13 @@ import Testing
             print(report.joined(separator: "\n"))
             let flat = report.allSatisfy { line in
                 let numbers = line.split(whereSeparator: { !$0.isNumber }).compactMap { Int($0) }
-                return numbers.count == 4 && numbers[0] == numbers[1] && numbers[2] == numbers[3]
+                // The count before may still include the first reply's connection, which the
+                // server closes on its own thread: after may be lower, never higher.
+                return numbers.count == 4 && numbers[0] == numbers[1] && numbers[3] <= numbers[2]
             }
             exit(flat ? 0 : 1)
         }
-        if let output = result?.standardOutputContent { print(String(decoding: output, as: UTF8.self)) }
+        if let result { print(String(decoding: result.standardOutputContent, as: UTF8.self), terminator: "") }
     }
 
     /// Requests whose replies carry ports leave nothing behind: the reply, its rights and their
