@@ -15,7 +15,7 @@ import Foundation
     /// limit of 256 messages and 4 MiB, a sender of 1,000 messages of 1 byte to 64 KiB is held:
     /// a thread (through `makeSendRight()`, in memory) gets `.sendTimedOut` from its sends with
     /// a 50 ms deadline, a process (through the name, a socket) blocks in a send with a 60 s
-    /// deadline (one timing out inside a message would close its connection, by design).
+    /// deadline once the socket and its connection's 64 KiB of pending bytes are full.
     /// While it is held for a second it makes no progress and our resident memory stays flat.
     /// Once the consumer returns, every message arrives once, in order, intact.
     @Test(arguments: Sender.allCases)
