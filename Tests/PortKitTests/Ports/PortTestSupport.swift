@@ -12,9 +12,17 @@ import Synchronization
 /// everything by an order of magnitude or more.
 let runsUnderThreadSanitizer: Bool = dlsym(nil, "__tsan_init") != nil
 
-/// A deadline that only catches a hang, stretched under ThreadSanitizer. Never use it for a
+/// A deadline that only catches a hang, stretched under a sanitizer. Never use it for a
 /// duration a test checks (a timeout under test, or "nothing happens for 20 ms").
-func patience(_ duration: Duration) -> Duration { runsUnderThreadSanitizer ? duration * 20 : duration }
+func patience(_ duration: Duration) -> Duration {
+    if runsUnderThreadSanitizer { return duration * 20 }
+    if runsUnderAddressSanitizer { return duration * 10 }
+    return duration
+}
+
+/// Whether the tests run under AddressSanitizer (several times slower, and the whole suite
+/// shares two CPUs with its sanitizer's work).
+let runsUnderAddressSanitizer: Bool = dlsym(nil, "__asan_init") != nil
 
 /// `waitUntil` with a hang-catching deadline stretched by `patience`.
 func waitPatiently(_ what: String, timeout: Duration = .seconds(10), _ condition: () -> Bool) throws {
