@@ -197,6 +197,7 @@ extension RunLoopTests {
                 let result = loop.run(in: mode, until: .after(.seconds(10)), returnAfterSourceHandled: true)
                 loop.runOnePass(in: mode)
                 for source in sources { source.invalidate() }
+                sources = []  // each handler captures the array: break the cycle (LeakSanitizer)
                 return (log.value, result)
             }
             #expect(result == .handledSource)
