@@ -83,7 +83,8 @@ final class PeerProcess: @unchecked Sendable {
     /// Waits for the peer to exit; returns its status.
     @discardableResult
     func waitForExit(timeout: Duration = .seconds(20)) throws -> Int32 {
-        try waitUntil("peer \(process.arguments ?? []) to exit", timeout: timeout) { !process.isRunning }
+        // A peer built with a sanitizer takes long to end (LeakSanitizer scans it at exit).
+        try waitUntil("peer \(process.arguments ?? []) to exit", timeout: patience(timeout)) { !process.isRunning }
         return process.terminationStatus
     }
 
