@@ -1,5 +1,6 @@
 // The launcher's side of a check-in, shared by worker threads and processes: a private port in a
-// private mode, one connection to it for the worker, and a wait driven by CheckInStateMachine.
+// private mode, one right to it for the worker (in-process for a thread, a connection for a
+// process), and a wait driven by CheckInStateMachine.
 
 import Synchronization
 
