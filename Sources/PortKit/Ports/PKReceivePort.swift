@@ -409,7 +409,12 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             state.invalidationRequested = true
             return (state.loop, wasValid)
         }
-        guard wasValid else { return }
+        guard wasValid else {
+            // Another thread asked first: on the loop's own thread, finish now rather than
+            // leave `onInvalidation` to a pass that may never come (the loop may stop first).
+            if let loop, loop.isOwnedByCurrentThread { finishInvalidation() }
+            return
+        }
         if let loop, !loop.isOwnedByCurrentThread {
             adopter.signal(waking: loop)
         } else {
