@@ -229,12 +229,33 @@ import Foundation
         }
     }
 
-    @Test func descriptorCountsStayFlatAcrossRegistrationsAndTransfers() throws {
-        let dir = TemporaryNameDirectory()
+    /// 1,000 registrations and 1,000 ports sent to another process and echoed back leave the
+    /// descriptor count where it was (two more at most: the loop's wake-up and timer may come
+    /// into being on the way). Run in a child process (an exit test), so that no other test's
+    /// descriptors blur the count.
+    @Test func descriptorCountsStayFlatAcrossRegistrationsAndTransfers() async {
+        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+            let dir = TemporaryNameDirectory()
+            let outcome = Result { try Self.registerAndTransfer(dir) }
+            // exit() runs no deinit: remove the name directory here.
+            try? FileManager.default.removeItem(atPath: dir.path)
+            switch outcome {
+            case .failure(let error): endExitTest("failed: \(error)", failures: ["\(error)"])
+            case .success(let (before, after)):
+                endExitTest("descriptors \(before) before 1,000 registrations and 1,000 transfers, \(after) after",
+                            failures: after <= before + 2 ? [] : ["descriptors grew from \(before) to \(after)"])
+            }
+        }
+        if let output = result?.standardOutputContent { print(String(decoding: output, as: UTF8.self), terminator: "") }
+    }
+
+    /// The body of `descriptorCountsStayFlatAcrossRegistrationsAndTransfers`: the descriptor
+    /// counts before and after.
+    static func registerAndTransfer(_ dir: TemporaryNameDirectory) throws -> (Int, Int) {
         let peer = try PeerProcess(["echo", dir.path, "echo2"])
         try peer.expectLine("ready")
         let right = try dir.server.lookUp("echo2")
-        try onLoopThread { loop in
+        let counts = try onLoopThread(timeout: patience(.seconds(60))) { loop in
             let before = openDescriptorCount()
             for i in 0..<1000 {
                 let port = PKReceivePort()
@@ -251,16 +272,18 @@ import Foundation
             try loop.add(carried, forMode: .default)
             for _ in 0..<1000 {
                 try right.send(PKPortMessage(msgid: 1, components: [.port(carried.makeSendRight())], replyPort: mine.makeSendRight()), timeout: .seconds(10))
-                let deadline = PKDeadline.after(.seconds(10))
-                while returned == 0 && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
+                try runLoop(loop, "the port echoed back") { returned > 0 }
                 returned = 0
             }
             mine.invalidate()
             carried.invalidate()
             loop.run(in: .default, until: .after(.milliseconds(50)))
-            try waitUntil("descriptors to settle", timeout: .seconds(10)) { openDescriptorCount() <= before + 2 }
+            _ = try? waitUntil("descriptors to settle", timeout: patience(.seconds(10))) { openDescriptorCount() <= before + 2 }
+            return (before, openDescriptorCount())
         }
         try right.send(PKPortMessage(msgid: 99), timeout: .seconds(5))
-        #expect(try peer.waitForExit() == 0)
+        let status = try peer.waitForExit()
+        guard status == 0 else { throw PeerError(description: "the echo process exited with \(status)") }
+        return counts
     }
 }

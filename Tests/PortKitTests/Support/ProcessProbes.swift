@@ -23,11 +23,6 @@ func residentBytes() -> Int {
     return pages * Int(sysconf(Int32(_SC_PAGESIZE)))
 }
 
-/// How far above a starting count the process's descriptors may be when a test that ran many
-/// rounds checks for leaks: tests running in parallel open descriptors of their own, while a
-/// leak of one descriptor per round shows as hundreds.
-let parallelTestsDescriptorSlack = 64
-
 /// The descriptor numbers process `pid` has open (`/proc/PID/fd`), sorted.
 func descriptorNumbers(ofProcess pid: pid_t) -> [Int32] {
     let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []
@@ -173,4 +168,12 @@ final class SignalStorm: Sendable {
         state.running.store(false, ordering: .releasing)
         try thread.join(timeout: .seconds(60))
     }
+}
+
+/// Ends an exit test's child process: prints `report`, then each failed check, and exits 0 only
+/// if none failed. `exit` runs no deinit: the caller removes its directories first.
+func endExitTest(_ report: String, failures: [String]) -> Never {
+    print(report)
+    for failure in failures { print("failed: \(failure)") }
+    exit(failures.isEmpty ? 0 : 1)
 }
