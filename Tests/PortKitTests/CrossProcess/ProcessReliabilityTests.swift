@@ -66,12 +66,13 @@ import Foundation
             try? FileManager.default.removeItem(atPath: dir.path)
             switch outcome {
             case .failure(let error):
-                print("failed: \(error)")
-                exit(1)
+                endExitTest("failed: \(error)", failures: ["\(error)"])
             case .success(let (watchLatencies, endLatencies, torn, counts)):
-                print("kill -9 mid-send, \(trials) trials in \(milliseconds(.now - started)): watch fired after \(latencySummary(watchLatencies)); connection ended after \(latencySummary(endLatencies)); torn messages \(torn); descriptors \(counts.0) after the first trial, \(counts.1) after the last")
-                let good = torn == 0 && watchLatencies.max()! < peerDeathBound && endLatencies.max()! < peerDeathBound && counts.1 <= counts.0
-                exit(good ? 0 : 1)
+                var failures: [String] = []
+                if torn != 0 { failures.append("\(torn) torn messages") }
+                if watchLatencies.max()! >= peerDeathBound || endLatencies.max()! >= peerDeathBound { failures.append("a death noticed after the bound, \(peerDeathBound)") }
+                if counts.1 > counts.0 { failures.append("descriptors grew") }
+                endExitTest("kill -9 mid-send, \(trials) trials in \(milliseconds(.now - started)): watch fired after \(latencySummary(watchLatencies)); connection ended after \(latencySummary(endLatencies)); torn messages \(torn); descriptors \(counts.0) after the first trial, \(counts.1) after the last", failures: failures)
             }
         }
         if let output = result?.standardOutputContent { print(String(decoding: output, as: UTF8.self), terminator: "") }

@@ -41,9 +41,9 @@ import Testing
                 }
                 outcome.value = after == before ? "ok" : "descriptors before \(before), after \(after)"
             }
-            do { try thread.joinPatiently(timeout: .seconds(120)) } catch { exit(2) }
-            print(outcome.value ?? "no outcome")
-            exit(outcome.value == "ok" ? 0 : 1)
+            do { try thread.joinPatiently(timeout: .seconds(120)) } catch { endExitTest("the thread did not end", failures: ["\(error)"]) }
+            let value = outcome.value ?? "no outcome"
+            endExitTest(value, failures: value == "ok" ? [] : [value])
         }
         if let output = result?.standardOutputContent {
             #expect(String(decoding: output, as: UTF8.self) == "ok\n")

@@ -71,78 +71,91 @@ extension RunLoopTests {
 
         /// A thousand threads each make a loop (with a few items, after one pass) and end: every
         /// loop is released and its epoll, eventfd and timerfd descriptors are closed.
-        @Test func aThousandLoopsWhoseThreadsEndLeaveNoDescriptorOpen() throws {
-            try descriptorHeavyTests.withLock { _ in
-                try TestThread { _ = PKRunLoop.current }.join()  // first-use set-up out of the count
-                let before = openDescriptorCount()
-                // Eight threads at a time, each handing back a weak reference to its loop.
-                var loops: [WeakLoop] = []
-                for _ in 0..<125 {
-                    let latches = (0..<8).map { _ in TestLatch<WeakLoop>() }
-                    let threads = latches.map { latch in
-                        TestThread(name: "short-lived-loop") {
-                            let loop = PKRunLoop.current
-                            keepAlive(loop, "short-lived")
-                            loop.scheduleTimer(after: .seconds(60), forMode: "short-lived") { _ in }
-                            loop.runOnePass(in: "short-lived")
-                            latch.set(WeakLoop(loop))
+        /// Run in a child process (an exit test), so the count is exact: no other test's
+        /// descriptors blur it.
+        @Test func aThousandLoopsWhoseThreadsEndLeaveNoDescriptorOpen() async {
+            let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+                do {
+                    try TestThread { _ = PKRunLoop.current }.join()  // first-use set-up out of the count
+                    let before = openDescriptorCount()
+                    // Eight threads at a time, each handing back a weak reference to its loop.
+                    var loops: [WeakLoop] = []
+                    for _ in 0..<125 {
+                        let latches = (0..<8).map { _ in TestLatch<WeakLoop>() }
+                        let threads = latches.map { latch in
+                            TestThread(name: "short-lived-loop") {
+                                let loop = PKRunLoop.current
+                                keepAlive(loop, "short-lived")
+                                loop.scheduleTimer(after: .seconds(60), forMode: "short-lived") { _ in }
+                                loop.runOnePass(in: "short-lived")
+                                latch.set(WeakLoop(loop))
+                            }
                         }
+                        for thread in threads { try thread.join() }
+                        for latch in latches { loops.append(try latch.wait()) }
                     }
-                    for thread in threads { try thread.join() }
-                    for latch in latches { loops.append(try latch.wait()) }
+                    try waitUntil("every loop released", timeout: patience(.seconds(20))) { loops.allSatisfy { $0.loop == nil } }
+                    let after = settledDescriptorCount(atMost: before, timeout: patience(.seconds(20)))
+                    endExitTest("1,000 loops: descriptors \(before) before, \(after) after",
+                                failures: (loops.count == 1_000 ? [] : ["\(loops.count) loops"]) + (after <= before ? [] : ["descriptors left open"]))
+                } catch {
+                    endExitTest("failed: \(error)", failures: ["\(error)"])
                 }
-                #expect(loops.count == 1_000)
-                try waitUntil("every loop released", timeout: .seconds(20)) { loops.allSatisfy { $0.loop == nil } }
-                let after = settledDescriptorCount(atMost: before + descriptorSlack)
-                #expect(after <= before + descriptorSlack, "before \(before), after \(after)")
             }
+            if let output = result?.standardOutputContent { print(String(decoding: output, as: UTF8.self), terminator: "") }
         }
 
         /// A thousand descriptor sources (and as many custom sources and timers) added to a loop,
         /// run, then removed: nothing the loop opened for them stays open.
-        @Test func aThousandSourcesAddedAndRemovedLeaveNoDescriptorOpen() throws {
-            try descriptorHeavyTests.withLock { _ in
-                let before = openDescriptorCount()
-                let (handled, remaining) = try onLoopThread { loop in
-                    let mode: PKRunLoopMode = "hygiene-thousand-sources"
-                    var handled = 0
-                    var pipes: [TestPipe] = []
-                    var descriptors: [PKDescriptorSource] = []
-                    var customs: [PKCustomSource] = []
-                    var timers: [PKTimer] = []
-                    for _ in 0..<1_000 {
-                        let pipe = try TestPipe()
-                        pipes.append(pipe)
-                        let source = PKDescriptorSource(descriptor: pipe.readEnd) { _ in
-                            handled += 1
-                            pipe.drain()
+        /// Run in a child process (an exit test), so the count is exact.
+        @Test func aThousandSourcesAddedAndRemovedLeaveNoDescriptorOpen() async {
+            let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+                do {
+                    let before = openDescriptorCount()
+                    let (handled, remaining) = try onLoopThread { loop in
+                        let mode: PKRunLoopMode = "hygiene-thousand-sources"
+                        var handled = 0
+                        var pipes: [TestPipe] = []
+                        var descriptors: [PKDescriptorSource] = []
+                        var customs: [PKCustomSource] = []
+                        var timers: [PKTimer] = []
+                        for _ in 0..<1_000 {
+                            let pipe = try TestPipe()
+                            pipes.append(pipe)
+                            let source = PKDescriptorSource(descriptor: pipe.readEnd) { _ in
+                                handled += 1
+                                pipe.drain()
+                            }
+                            try loop.add(source, forMode: mode)
+                            descriptors.append(source)
+                            let custom = PKCustomSource {}
+                            loop.add(custom, forMode: mode)
+                            customs.append(custom)
+                            timers.append(loop.scheduleTimer(after: .seconds(60), forMode: mode) { _ in })
+                            pipe.makeReadable()
                         }
-                        try loop.add(source, forMode: mode)
-                        descriptors.append(source)
-                        let custom = PKCustomSource {}
-                        loop.add(custom, forMode: mode)
-                        customs.append(custom)
-                        timers.append(loop.scheduleTimer(after: .seconds(60), forMode: mode) { _ in })
-                        pipe.makeReadable()
+                        let deadline = PKDeadline.after(.seconds(20))
+                        while handled < 1_000 && !deadline.hasPassed { loop.run(in: mode, until: .after(.milliseconds(50))) }
+                        for (index, source) in descriptors.enumerated() {
+                            // Half leave their mode first; all are invalidated before their pipes close.
+                            if index.isMultiple(of: 2) { loop.remove(source, forMode: mode) }
+                            source.invalidate()
+                        }
+                        for custom in customs { loop.remove(custom, forMode: mode) }
+                        for timer in timers { timer.invalidate() }
+                        for pipe in pipes { pipe.closeBoth() }
+                        let remaining = loop.run(in: mode, until: .after(.seconds(5)))
+                        return (handled, remaining)
                     }
-                    let deadline = PKDeadline.after(.seconds(20))
-                    while handled < 1_000 && !deadline.hasPassed { loop.run(in: mode, until: .after(.milliseconds(50))) }
-                    for (index, source) in descriptors.enumerated() {
-                        // Half leave their mode first; all are invalidated before their pipes close.
-                        if index.isMultiple(of: 2) { loop.remove(source, forMode: mode) }
-                        source.invalidate()
-                    }
-                    for custom in customs { loop.remove(custom, forMode: mode) }
-                    for timer in timers { timer.invalidate() }
-                    for pipe in pipes { pipe.closeBoth() }
-                    let remaining = loop.run(in: mode, until: .after(.seconds(5)))
-                    return (handled, remaining)
+                    let after = settledDescriptorCount(atMost: before, timeout: patience(.seconds(20)))
+                    endExitTest("1,000 sources: \(handled) handled; descriptors \(before) before, \(after) after",
+                                failures: (handled == 1_000 ? [] : ["\(handled) handled"]) + (remaining == .finished ? [] : ["the mode still has items"])
+                                    + (after <= before ? [] : ["descriptors left open"]))
+                } catch {
+                    endExitTest("failed: \(error)", failures: ["\(error)"])
                 }
-                #expect(handled == 1_000)
-                #expect(remaining == .finished)
-                let after = settledDescriptorCount(atMost: before + descriptorSlack)
-                #expect(after <= before + descriptorSlack, "before \(before), after \(after)")
             }
+            if let output = result?.standardOutputContent { print(String(decoding: output, as: UTF8.self), terminator: "") }
         }
 
         // MARK: - Thread end
@@ -232,9 +245,6 @@ extension RunLoopTests {
 
 /// The wait channels of a thread blocked in epoll_wait.
 private let epollWaitChannels: Set<String> = ["ep_poll", "do_epoll_wait"]
-
-/// Room for descriptors another test opens at the same time; a leak here would be thousands.
-private let descriptorSlack = 32
 
 /// The items of a loop whose thread ends, handed back to the test.
 private struct ThreadEndItems: Sendable {

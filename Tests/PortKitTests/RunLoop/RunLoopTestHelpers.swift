@@ -90,8 +90,8 @@ func flagWhenAsleep(_ loop: PKRunLoop, _ mode: PKRunLoopMode, _ flag: Locked<Boo
     return observer
 }
 
-/// Serializes the tests that open or count many descriptors, so one test's descriptors do not
-/// blur another's count of `/proc/self/fd`.
+/// Serializes the in-process tests that open many descriptors at once (tests that count the
+/// process's descriptors run in a child process instead).
 let descriptorHeavyTests = Mutex<Void>(())
 
 /// Waits, up to `timeout`, until the process has at most `limit` open descriptors; returns the

@@ -2,6 +2,7 @@
 // spawning an unrelated program, latency summaries, and signal storms at chosen threads.
 
 import Foundation
+import Testing
 import Synchronization
 @testable import PortKit
 
@@ -170,10 +171,12 @@ final class SignalStorm: Sendable {
     }
 }
 
-/// Ends an exit test's child process: prints `report`, then each failed check, and exits 0 only
-/// if none failed. `exit` runs no deinit: the caller removes its directories first.
+/// Ends an exit test's child process: prints `report` (the parent prints it in turn when it
+/// observes standard output), records each failed check as an issue with the report beside it
+/// (the parent shows the child's issues; a failed exit test's output is not kept), and exits 0
+/// only if none failed. `exit` runs no deinit: the caller removes its directories first.
 func endExitTest(_ report: String, failures: [String]) -> Never {
     print(report)
-    for failure in failures { print("failed: \(failure)") }
+    for failure in failures { Issue.record("\(failure)\n\(report)") }
     exit(failures.isEmpty ? 0 : 1)
 }
