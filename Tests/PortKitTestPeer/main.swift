@@ -22,6 +22,11 @@
 //                                         random size in 1...MAXSIZE filled with the byte msgid
 //                                         mod 256, each waiting up to 60 s for room; print
 //                                         "sent N" after each and "done COUNT BYTES" at the end
+//   PortKitTestPeer burst DIR NAME COUNT SIZE
+//                                         look NAME up, send msgid 0..<COUNT of SIZE bytes (each
+//                                         byte the msgid mod 256) from this thread, which runs no
+//                                         loop, and exit at once: frames still pending (coalesced
+//                                         writes) must go out at exit
 //   PortKitTestPeer exhaust DIR LIMIT      lower RLIMIT_NOFILE to LIMIT, then make named ports
 //                                         and connections to them until one fails; print each
 //                                         failure and the CPU the loop uses at the limit, release
@@ -192,6 +197,17 @@ case "stall-send":
         say("sent \(sequence)")
     }
     say("done \(count) \(bytes)")
+
+case "burst":
+    guard arguments.count == 5, let count = UInt32(arguments[3]), let size = Int(arguments[4]) else {
+        fail("usage: burst DIR NAME COUNT SIZE")
+    }
+    let right = try PKNameServer(directory: arguments[1]).lookUp(arguments[2], timeout: .seconds(10))
+    for sequence in UInt32(0)..<count {
+        let message = PKPortMessage(msgid: sequence, data: [UInt8](repeating: UInt8(truncatingIfNeeded: sequence), count: size))
+        do { try right.send(message, timeout: .seconds(60)) } catch { fail("burst: \(error)") }
+    }
+    exit(0)
 
 case "exhaust":
     guard arguments.count == 3, let limit = rlim_t(arguments[2]) else { fail("usage: exhaust DIR LIMIT") }

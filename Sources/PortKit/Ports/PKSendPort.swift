@@ -212,8 +212,8 @@ final class SendConnection: @unchecked Sendable {
             state.invalidReason = reason
             state.pending = []
             Socket.shutdown(fd)
+            PendingWritesAtExit.remove(self)
         }
-        PendingWritesAtExit.remove(self)
     }
 
     /// Writes one encoded frame (and the descriptors it carries).
@@ -277,7 +277,6 @@ final class SendConnection: @unchecked Sendable {
             switch step {
             case .sent(let flush):
                 guard flush else { return }
-                PendingWritesAtExit.add(self)
                 if let loop {
                     loop.notePendingWrite(self)
                 } else {
@@ -316,11 +315,22 @@ final class SendConnection: @unchecked Sendable {
         }
     }
 
-    /// Whether the caller must arrange a flush (no one has been asked to yet).
+    /// Whether the caller must arrange a flush (no one has been asked to yet). Until the duty
+    /// ends, the connection is listed for a flush at exit: listing and unlisting happen under
+    /// the lock with the duty's changes, so a flush that ends on one thread never unlists bytes
+    /// another thread has just made pending (a process that sent and then exited could lose
+    /// its last frames that way).
     private func takeFlushDuty(_ state: inout State) -> Bool {
         guard !state.flushScheduled else { return false }
         state.flushScheduled = true
+        PendingWritesAtExit.add(self)
         return true
+    }
+
+    /// Ends the flush duty (the next pending bytes arrange a new one). Under the lock.
+    private func endFlushDuty(_ state: inout State) {
+        state.flushScheduled = false
+        PendingWritesAtExit.remove(self)
     }
 
     /// What a flush that does not wait achieved.
@@ -337,18 +347,16 @@ final class SendConnection: @unchecked Sendable {
                     outcome = try flushLocked(&state, until: .distantPast, failOnTimeout: false) ? .done : .blocked
                 } catch {}
             }
-            if outcome != .blocked { state.flushScheduled = false }
+            if outcome != .blocked { endFlushDuty(&state) }
             return outcome
         }
-        if outcome != .blocked { PendingWritesAtExit.remove(self) }
         return outcome
     }
 
     /// The loop that was to flush gave up watching (see `PKRunLoop.watchForRoom`): the next
     /// send arranges a flush again.
     func flushDutyReturned() {
-        lock.withLock { $0.flushScheduled = false }
-        PendingWritesAtExit.remove(self)
+        lock.withLock { endFlushDuty(&$0) }
     }
 
     /// The longest a thread or process that ends waits for its pending bytes to go out.
@@ -358,10 +366,9 @@ final class SendConnection: @unchecked Sendable {
     /// (at most `finalFlushPatience`); a flush that cannot finish by then closes the
     /// connection. For a thread or a process that ends with bytes pending. Safe from any thread.
     func flushPending() {
-        defer { PendingWritesAtExit.remove(self) }
         lock.withLock { state in
             // This ends any loop's duty to flush: the next pending bytes arrange a new one.
-            state.flushScheduled = false
+            endFlushDuty(&state)
             guard !state.pending.isEmpty, state.invalidReason == nil else { return }
             let deadline = min(state.pendingDeadline, .after(Self.finalFlushPatience))
             do throws(PKError) {

@@ -74,6 +74,49 @@ import Testing
         }
     }
 
+    /// A process that sends frames from a thread without a loop and exits at once loses none:
+    /// the frames still pending when it calls `exit` go out then. Fifty trials, each 3,000
+    /// frames to a receiver that falls behind now and then, so the background loop's flushes
+    /// and the sender's new pending bytes interleave up to the end. (A flush ending on the
+    /// background loop once unlisted bytes the sender had just made pending, and an exiting
+    /// process then dropped its last frames: seen as a stalled-consumer test that never ended.)
+    @Test func aProcessThatSendsAndExitsAtOnceLosesNothing() async throws {
+        let trials = 50
+        let count = 3_000
+        let size = 200
+        let dir = TemporaryNameDirectory()
+        let problems = try await awaitLoopThread(timeout: patience(.seconds(300))) { loop -> [String] in
+            var received = 0
+            var problems: [String] = []
+            let port = PKReceivePort { message in
+                if message.msgid != UInt32(received) || message.data.count != size
+                    || message.data.contains(where: { $0 != UInt8(truncatingIfNeeded: message.msgid) }) {
+                    problems.append("frame \(message.msgid) where \(received) was due, \(message.data.count) bytes")
+                }
+                received += 1
+                if received % 500 == 0 { sleepFor(.milliseconds(1)) }  // fall behind now and then
+            }
+            try loop.add(port, forMode: .default)
+            defer { port.invalidate() }
+            try dir.server.register(port, name: "sink")
+            for trial in 0..<trials where problems.isEmpty {
+                received = 0
+                let peer = try PeerProcess(["burst", dir.path, "sink", "\(count)", "\(size)"])
+                let exited = Locked<Int32?>(nil)
+                let reaper = TestThread(name: "burst-reaper") { exited.value = (try? peer.waitForExit()) ?? -1 }
+                do {
+                    try runLoop(loop, "trial \(trial): \(count) frames") { received >= count }
+                } catch {
+                    problems.append("trial \(trial): \(received) of \(count) frames")
+                }
+                try reaper.joinPatiently(timeout: .seconds(30))
+                if exited.value != 0 { problems.append("trial \(trial): the sender exited with \(exited.value ?? -1)") }
+            }
+            return problems
+        }
+        #expect(problems.isEmpty, "\(problems.prefix(5))")
+    }
+
     /// A handler streams frames within one pass (they join the pending bytes at once); the loop
     /// writes them before it waits, and at its thread's end.
     @Test(arguments: [64, 3000])
