@@ -91,10 +91,7 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         for case .port(let port) in message.components {
             transfers.append(try port.makeTransferDescriptor(before: deadline))
         }
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(WireEncoder.encodedSize(of: frame))
-        WireEncoder.append(frame, to: &bytes)
-        try connection.write(bytes, descriptors: transfers, before: deadline)
+        try connection.write(frame, descriptors: transfers, before: deadline)
     }
 
     /// The descriptor under this right, for watching its hang-up.
@@ -173,6 +170,9 @@ final class SendConnection: @unchecked Sendable {
         /// The latest deadline among the pending frames' sends: how long a final flush (the
         /// thread or the process ending) may wait.
         var pendingDeadline = PKDeadline.distantPast
+        /// Where a frame written directly is encoded: kept from one send to the next while small
+        /// (`scratchLimit`), so a send allocates nothing for its bytes.
+        var scratch: [UInt8] = []
         /// A frame was written directly before (so unread bytes in the socket are ours).
         var wroteDirectly = false
         /// Someone (a loop) will write the pending bytes.
@@ -184,6 +184,8 @@ final class SendConnection: @unchecked Sendable {
 
     /// Pending bytes past which a send writes them itself, waiting for room.
     static let pendingLimit = 64 << 10
+    /// The largest encoding area a connection keeps between sends.
+    static let scratchLimit = 4 << 10
 
     /// Takes ownership of `fd`, a connected stream socket whose greeting was already written.
     init(takingOwnershipOf fd: Int32) {
@@ -232,7 +234,11 @@ final class SendConnection: @unchecked Sendable {
     ///   at once: a handler that streams frames makes one system call per batch.
     /// Pending bytes go out before anything else on the connection (a frame with descriptors
     /// waits for them), so frames keep their order.
-    func write(_ bytes: [UInt8], descriptors: [Int32], before deadline: PKDeadline) throws(PKError) {
+    ///
+    /// The frame is encoded under the connection's lock, straight into the pending bytes or into
+    /// the connection's encoding area, so a send copies its payload once.
+    func write(_ frame: WireFrame, descriptors: [Int32], before deadline: PKDeadline) throws(PKError) {
+        let size = WireEncoder.encodedSize(of: frame)
         let loop = PKRunLoop.runningOnCurrentThread
         let loopID = loop.map(ObjectIdentifier.init)
         // The lock is held only for steps that do not wait: a sender waiting for room never
@@ -244,11 +250,11 @@ final class SendConnection: @unchecked Sendable {
                 }
                 let corked = loopID != nil && state.directLoop == loopID && state.directPass == loop!.passNumber
                 if descriptors.isEmpty && (!state.pending.isEmpty || corked) {
-                    if !state.pending.isEmpty && state.pending.count + bytes.count > Self.pendingLimit {
+                    if !state.pending.isEmpty && state.pending.count + size > Self.pendingLimit {
                         try flushLocked(&state, until: .distantPast, failOnTimeout: false)
-                        guard state.pending.count + bytes.count <= Self.pendingLimit else { return .needRoom }
+                        guard state.pending.count + size <= Self.pendingLimit else { return .needRoom }
                     }
-                    append(bytes[...], to: &state, deadline: deadline)
+                    append(frame, to: &state, deadline: deadline)
                     return .sent(flush: takeFlushDuty(&state))
                 }
                 if !state.pending.isEmpty {
@@ -259,7 +265,7 @@ final class SendConnection: @unchecked Sendable {
                 // for it) and will not read this sooner, so it waits with the frames that
                 // follow and goes out with them in one write, waking the receiver once.
                 if descriptors.isEmpty && state.wroteDirectly && Socket.unsentBytes(fd) > 0 {
-                    append(bytes[...], to: &state, deadline: deadline)
+                    append(frame, to: &state, deadline: deadline)
                     return .sent(flush: takeFlushDuty(&state))
                 }
                 if let loop {
@@ -267,11 +273,19 @@ final class SendConnection: @unchecked Sendable {
                     state.directPass = loop.passNumber
                 }
                 state.wroteDirectly = true
+                var bytes = state.scratch
+                state.scratch = []  // moved out, so encoding into it does not copy it
+                defer {
+                    bytes.removeAll(keepingCapacity: true)
+                    if bytes.capacity <= Self.scratchLimit { state.scratch = bytes }
+                }
+                WireEncoder.append(frame, to: &bytes)
                 let written = try writeLocked(&state, bytes, descriptors: descriptors)
                 if written == 0 && !descriptors.isEmpty { return .needRoom }  // nothing went out
                 guard written < bytes.count else { return .sent(flush: false) }
                 // The socket is full: the rest waits with the frames that follow.
-                append(bytes[written...], to: &state, deadline: deadline)
+                state.pending.append(contentsOf: bytes[written...])
+                if deadline > state.pendingDeadline { state.pendingDeadline = deadline }
                 return .sent(flush: takeFlushDuty(&state))
             }
             switch step {
@@ -297,8 +311,9 @@ final class SendConnection: @unchecked Sendable {
         case needRoom
     }
 
-    private func append(_ bytes: ArraySlice<UInt8>, to state: inout State, deadline: PKDeadline) {
-        state.pending.append(contentsOf: bytes)
+    /// Encodes `frame` at the end of the pending bytes.
+    private func append(_ frame: WireFrame, to state: inout State, deadline: PKDeadline) {
+        WireEncoder.append(frame, to: &state.pending)
         if deadline > state.pendingDeadline { state.pendingDeadline = deadline }
     }
 
@@ -462,9 +477,7 @@ final class SendConnection: @unchecked Sendable {
             try ConnectionSetup.writeGreeting(writeEnd)
             // Ask the port's owner to adopt the read end, in order on this connection.
             defer { Descriptor.close(readEnd) }
-            var bytes: [UInt8] = []
-            WireEncoder.append(WireFrame.attachSender(), to: &bytes)
-            try write(bytes, descriptors: [readEnd], before: deadline)
+            try write(WireFrame.attachSender(), descriptors: [readEnd], before: deadline)
             return writeEnd
         } catch {
             Descriptor.close(writeEnd)

@@ -2,9 +2,11 @@
 // of messages read but not yet delivered (bounded by the port's limits: past them reading
 // pauses, while hang-up stays watched).
 
-/// A scratch area for `recvmsg`'s control data, one per port.
+/// A scratch area for `recvmsg`'s control data and the descriptors it carries, one per port,
+/// so that a read allocates nothing.
 struct ReadScratch {
     let control: UnsafeMutableRawBufferPointer
+    let descriptors: UnsafeMutableBufferPointer<Int32>
     let maxDescriptors: Int
 
     init(maxDescriptors: Int) {
@@ -12,34 +14,41 @@ struct ReadScratch {
         // Room for one more descriptor than allowed, so an excess shows as "too many", not lost.
         let space = Socket.controlSpace(descriptors: maxDescriptors + 1)
         control = UnsafeMutableRawBufferPointer.allocate(byteCount: space, alignment: 8)
+        descriptors = UnsafeMutableBufferPointer<Int32>.allocate(capacity: maxDescriptors + 1)
+        descriptors.initialize(repeating: -1)
     }
 
-    func deallocate() { control.deallocate() }
+    func deallocate() {
+        control.deallocate()
+        descriptors.deallocate()
+    }
 }
 
+/// Loop-only: a connection is made, read, drained and closed on its port's loop thread, so its
+/// state skips the run-time exclusivity checks (as the loop's own state does).
 final class ReceiveConnection {
     let fd: Int32
-    var decoder: WireDecoder
-    var source: PKDescriptorSource!
-    private var queue: [PKPortMessage] = []
-    private var queueHead = 0
-    private var queuedBytes = 0
+    @exclusivity(unchecked) var decoder: WireDecoder
+    @exclusivity(unchecked) var source: PKDescriptorSource!
+    @exclusivity(unchecked) private var queue: [PKPortMessage] = []
+    @exclusivity(unchecked) private var queueHead = 0
+    @exclusivity(unchecked) private var queuedBytes = 0
     private let maxQueuedMessages: Int
     private let maxQueuedBytes: Int
     /// Read ends announced by ATTACH_SENDER control frames, for the port to adopt.
-    var attached: [Int32] = []
-    var hasGreeting = false
+    @exclusivity(unchecked) var attached: [Int32] = []
+    @exclusivity(unchecked) var hasGreeting = false
     /// Accepted from a named socket: the greeting's claim is checked against SO_PEERCRED.
     let accepted: Bool
     /// When an accepted connection must have greeted by.
-    var greetingDeadline: PKDeadline?
+    @exclusivity(unchecked) var greetingDeadline: PKDeadline?
     /// The kernel's view of the peer (accepted connections only).
-    var peer: (pid: Int32, uid: UInt32, gid: UInt32)?
-    var readingPaused = false
-    var finished = false
+    @exclusivity(unchecked) var peer: (pid: Int32, uid: UInt32, gid: UInt32)?
+    @exclusivity(unchecked) var readingPaused = false
+    @exclusivity(unchecked) var finished = false
     /// The peer broke the protocol: deliver what arrived before, then drop.
-    var failed = false
-    private var closed = false
+    @exclusivity(unchecked) var failed = false
+    @exclusivity(unchecked) private var closed = false
 
     static let readChunk = 64 * 1024
 
@@ -113,11 +122,11 @@ final class ReceiveConnection {
         var truncated = false
         var wouldBlock = false
         let control = scratch.control
-        let maxDescriptors = scratch.maxDescriptors + 1
+        let descriptorArea = scratch.descriptors
         let count: Int
         do throws(PKError) {
             count = try decoder.appendBytes(upTo: Self.readChunk) { buffer throws(PKError) -> Int in
-                switch try Socket.receive(fd, into: buffer, maxDescriptors: maxDescriptors, control: control) {
+                switch try Socket.receive(fd, into: buffer, descriptors: descriptorArea, control: control) {
                 case .wouldBlock:
                     wouldBlock = true
                     return 0

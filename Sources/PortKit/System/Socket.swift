@@ -53,27 +53,25 @@ enum Socket {
         var truncated: Bool
     }
 
-    /// Receives into `buffer` with up to `maxDescriptors` descriptors (close-on-exec); any
-    /// beyond that are closed and reported as `truncated`. The corresponding system call is `recvmsg(2)`.
+    /// Receives into `buffer` with up to `descriptors.count` descriptors (close-on-exec), written
+    /// to `descriptors`; any beyond that are closed and reported as `truncated`. `control` is the
+    /// control-message area (`controlSpace(descriptors:)` bytes). The caller owns both areas and
+    /// reuses them, so a read allocates nothing. The corresponding system call is `recvmsg(2)`.
     static func receive(
-        _ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, maxDescriptors: Int,
+        _ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, descriptors: UnsafeMutableBufferPointer<Int32>,
         control: UnsafeMutableRawBufferPointer
     ) throws(PKError) -> IOResult<Received> {
-        var fds = [Int32](repeating: -1, count: maxDescriptors)
         var count: UInt32 = 0
         var truncated: Int32 = 0
-        let outcome: Result<IOResult<Int>, PKError> = fds.withUnsafeMutableBufferPointer { out in
-            Result { () throws(PKError) in
-                try SystemCall.nonBlocking("recvmsg") {
-                    pk_recvmsg_fds(fd, buffer.baseAddress, buffer.count, out.baseAddress, UInt32(maxDescriptors),
-                                   &count, &truncated, control.baseAddress, control.count)
-                }
-            }
+        let outcome = try SystemCall.nonBlocking("recvmsg") {
+            pk_recvmsg_fds(fd, buffer.baseAddress, buffer.count, descriptors.baseAddress, UInt32(descriptors.count),
+                           &count, &truncated, control.baseAddress, control.count)
         }
-        switch try outcome.get() {
+        switch outcome {
         case .wouldBlock: return .wouldBlock
         case .done(let n):
-            return .done(Received(byteCount: n, descriptors: Array(fds.prefix(Int(count))), truncated: truncated != 0))
+            let received = count == 0 ? [] : Array(UnsafeBufferPointer(rebasing: descriptors[..<Int(count)]))
+            return .done(Received(byteCount: n, descriptors: received, truncated: truncated != 0))
         }
     }
 

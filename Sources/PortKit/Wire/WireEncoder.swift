@@ -28,17 +28,31 @@ enum WireEncoder {
         let flags = (frame.hasReplyPort ? WireFormat.replyPortFlag : 0)
             | (frame.isControl ? WireFormat.controlFlag : 0)
 
+        // Grow once by the frame's size, then write the words and payloads in place: appending
+        // word by word went through the generic sequence path for every 8 bytes.
+        let start = buffer.count
         reserve(size, in: &buffer)
-        appendLittleEndian(UInt64(size) | UInt64(frame.msgid) << 32, to: &buffer)
-        appendLittleEndian(UInt64(frame.components.count) | UInt64(flags) << 16
-                           | UInt64(descriptorCount) << 32, to: &buffer)
-        for component in frame.components {
-            switch component {
-            case .data(let bytes):
-                appendLittleEndian(UInt64(WireFormat.dataComponentType) | UInt64(bytes.count) << 32, to: &buffer)
-                buffer.append(contentsOf: bytes)
-            case .port:
-                appendLittleEndian(UInt64(WireFormat.portComponentType), to: &buffer)
+        grow(&buffer, by: size)
+        buffer.withUnsafeMutableBytes { raw in
+            var offset = start
+            func put(_ word: UInt64) {
+                raw.storeBytes(of: word.littleEndian, toByteOffset: offset, as: UInt64.self)
+                offset += 8
+            }
+            put(UInt64(size) | UInt64(frame.msgid) << 32)
+            put(UInt64(frame.components.count) | UInt64(flags) << 16 | UInt64(descriptorCount) << 32)
+            for component in frame.components {
+                switch component {
+                case .data(let bytes):
+                    put(UInt64(WireFormat.dataComponentType) | UInt64(bytes.count) << 32)
+                    bytes.withUnsafeBytes { payload in
+                        guard let source = payload.baseAddress, !payload.isEmpty else { return }
+                        (raw.baseAddress! + offset).copyMemory(from: source, byteCount: payload.count)
+                    }
+                    offset += bytes.count
+                case .port:
+                    put(UInt64(WireFormat.portComponentType))
+                }
             }
         }
     }
@@ -75,6 +89,20 @@ enum WireEncoder {
         let needed = buffer.count + count
         if needed > buffer.capacity {
             buffer.reserveCapacity(Swift.max(needed, buffer.capacity * 2))
+        }
+    }
+
+    /// Zeros to grow a buffer with: appending a slice of them is one `memcpy`, in debug builds
+    /// too (appending a `repeatElement` goes byte by byte there).
+    private static let zeros = [UInt8](repeating: 0, count: 4096)
+
+    /// Appends `count` zero bytes to `buffer` (room to write a frame in place).
+    private static func grow(_ buffer: inout [UInt8], by count: Int) {
+        var remaining = count
+        while remaining > 0 {
+            let chunk = Swift.min(remaining, zeros.count)
+            buffer.append(contentsOf: zeros[..<chunk])
+            remaining -= chunk
         }
     }
 
