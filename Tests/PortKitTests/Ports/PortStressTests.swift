@@ -7,7 +7,7 @@ import Foundation
 @testable import PortKit
 
 @Suite(.serialized) struct PortStressTests {
-    enum Sender: String, Sendable, CaseIterable { case thread, process }
+    enum Sender: String, Sendable, Codable, CaseIterable { case thread, process }
 
     /// Row 7: a consumer whose handler does not return (it runs its loop nested, waiting for
     /// something else, as a handler making a request does) still runs the port's sources, so
@@ -18,15 +18,32 @@ import Foundation
     /// deadline once the socket and its connection's 64 KiB of pending bytes are full.
     /// While it is held for a second it makes no progress and our resident memory stays flat.
     /// Once the consumer returns, every message arrives once, in order, intact.
+    ///
+    /// Run in a child process (an exit test), so that resident memory is this test's alone.
     @Test(arguments: Sender.allCases)
-    func stalledConsumerHoldsTheSenderAndLosesNothing(_ sender: Sender) async throws {
-        let dir = TemporaryNameDirectory()
+    func stalledConsumerHoldsTheSenderAndLosesNothing(_ sender: Sender) async {
+        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) { [sender] in
+            let dir = TemporaryNameDirectory()
+            do {
+                let (report, failures) = try await Self.stalledConsumer(sender, dir)
+                try? FileManager.default.removeItem(atPath: dir.path)  // exit() runs no deinit
+                endExitTest(report, failures: failures)
+            } catch {
+                try? FileManager.default.removeItem(atPath: dir.path)
+                endExitTest("failed: \(error)", failures: ["\(error)"])
+            }
+        }
+        if let output = result?.standardOutputContent { print(String(decoding: output, as: UTF8.self), terminator: "") }
+    }
+
+    /// The body of `stalledConsumerHoldsTheSenderAndLosesNothing`: its figures and failed checks.
+    static func stalledConsumer(_ sender: Sender, _ dir: TemporaryNameDirectory) async throws -> (String, [String]) {
         let count: UInt32 = 1000
         let maxSize = 64 * 1024
         var limits = PKPortLimits()
         limits.maxQueuedMessages = 256
         limits.maxQueuedBytes = 4 << 20
-        try await awaitLoopThread(timeout: patience(.seconds(120))) { [limits] loop in
+        return try await awaitLoopThread(timeout: patience(.seconds(120))) { [limits] loop in
             var received: [UInt32] = []
             var receivedBytes = 0
             var torn = 0
@@ -103,17 +120,19 @@ import Foundation
             }
             try runLoop(loop, timeout: .seconds(60), "every message after the stall") { received.count >= Int(count) && sentBytes.value != nil }
             try worker.joinPatiently()
-            let stalled = try #require(held)
-            print("stalled consumer, \(sender.rawValue) sender: held after \(stalled.sent) of \(count) messages (queue limit 256 messages / 4 MiB), still \(stalled.sentLater) a second later; resident memory \(stalled.rss >> 20) MiB when held, \(stalled.rssLater >> 20) MiB a second later; \(timeouts.value) sends timed out; received \(received.count) messages, \(receivedBytes) bytes, \(torn) torn")
-            #expect(stalled.sent < count, "the sender was never held")
-            #expect(stalled.sentLater == stalled.sent, "the sender made progress while the consumer stalled")
-            if residentMemoryIsMeaningful { #expect(stalled.rssLater - stalled.rss < 16 << 20, "memory grew while the sender was held") }
-            if sender == .thread { #expect(timeouts.value > 0) }
-            #expect(received == Array(1...count))
-            #expect(receivedBytes == sentBytes.value)
-            #expect(torn == 0)
+            guard let stalled = held else { throw PeerError(description: "the consumer never stalled") }
+            let report = "stalled consumer, \(sender.rawValue) sender: held after \(stalled.sent) of \(count) messages (queue limit 256 messages / 4 MiB), still \(stalled.sentLater) a second later; resident memory \(stalled.rss >> 20) MiB when held, \(stalled.rssLater >> 20) MiB a second later; \(timeouts.value) sends timed out; received \(received.count) messages, \(receivedBytes) bytes, \(torn) torn"
+            var failures: [String] = []
+            if stalled.sent >= count { failures.append("the sender was never held") }
+            if stalled.sentLater != stalled.sent { failures.append("the sender made progress while the consumer stalled") }
+            if residentMemoryIsMeaningful && stalled.rssLater - stalled.rss >= 16 << 20 { failures.append("memory grew while the sender was held") }
+            if sender == .thread && timeouts.value == 0 { failures.append("no send timed out") }
+            if received != Array(1...count) { failures.append("\(received.count) messages received, or out of order") }
+            if receivedBytes != sentBytes.value { failures.append("\(receivedBytes) bytes received of \(sentBytes.value ?? -1) sent") }
+            if torn != 0 { failures.append("\(torn) torn messages") }
             port.invalidate()
-            if let peer { #expect(try peer.waitForExit() == 0) }
+            if let peer, try peer.waitForExit() != 0 { failures.append("the sending process failed") }
+            return (report, failures)
         }
     }
 
