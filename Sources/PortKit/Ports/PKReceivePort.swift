@@ -278,7 +278,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         }
         for watcher in fired { Self.notify(watcher) }
         for fd in pending { Descriptor.close(fd) }
-        localQueue.removeAll(keepingCapacity: true)
+        localQueue.removeAllKeepingStorage()
         localQueueHead = 0
         mailboxDeferred = false
         let closing = connections.values
@@ -445,7 +445,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         var work = DeferredWork()
         let queueIsEmpty = localQueueHead == localQueue.count
         if queueIsEmpty {
-            localQueue.removeAll(keepingCapacity: true)
+            localQueue.removeAllKeepingStorage()
             localQueueHead = 0
         }
         shared.withLock { state in
@@ -633,7 +633,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
                 if !isValid { return }
             }
             if localQueueHead > 0 && localQueueHead == localQueue.count {
-                localQueue.removeAll(keepingCapacity: true)
+                localQueue.removeAllKeepingStorage()
                 localQueueHead = 0
                 if mailboxDeferred, let loop = runLoop {
                     mailboxDeferred = false

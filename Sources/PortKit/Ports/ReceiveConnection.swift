@@ -212,7 +212,7 @@ final class ReceiveConnection {
         queueHead += 1
         queuedBytes -= message.components.reduce(0) { $0 + ($1.data?.count ?? 0) }
         if queueHead == queue.count {
-            queue.removeAll(keepingCapacity: true)
+            queue.removeAllKeepingStorage()
             queueHead = 0
         }
         return message

@@ -256,9 +256,13 @@ public final class PKRunLoop: @unchecked Sendable {
         returnAfterSourceHandled: Bool = false
     ) -> PKRunLoopRunResult {
         assertOwner("run(in:until:returnAfterSourceHandled:)")
-        precondition(mode != .common, "PKRunLoop.run: a loop cannot run in the common-modes pseudo-mode; run a real mode such as .default")
+        // `.common` never has a record of its own (its items join each common mode's), so only
+        // a mode without one needs the string comparison.
+        guard let record = record(mode) else {
+            precondition(mode != .common, "PKRunLoop.run: a loop cannot run in the common-modes pseudo-mode; run a real mode such as .default")
+            return .finished
+        }
         if threadEnded { return .finished }
-        guard let record = record(mode) else { return .finished }
         purgeInvalid(record)
         if record.isEmpty { return .finished }
         let previous = currentMode
@@ -420,10 +424,10 @@ public final class PKRunLoop: @unchecked Sendable {
         signalledQueue.withLock { swap(&$0, &candidates) }
         if !deferredSignalled.isEmpty {
             candidates.append(contentsOf: deferredSignalled)
-            deferredSignalled.removeAll(keepingCapacity: true)
+            deferredSignalled.removeAllKeepingStorage()
         }
         defer {
-            candidates.removeAll(keepingCapacity: true)
+            candidates.removeAllKeepingStorage()
             spareSignalled = candidates
         }
         if candidates.count > 1 { orderCandidates(&candidates) }
@@ -551,7 +555,7 @@ public final class PKRunLoop: @unchecked Sendable {
     /// is full is watched for room and finished when it has some. Loop-only.
     func flushPendingWrites() {
         let connections = pendingWrites
-        pendingWrites.removeAll(keepingCapacity: true)
+        pendingWrites.removeAllKeepingStorage()
         for connection in connections where blockedWrites[connection.fd] == nil {
             if connection.flushPendingWithoutWaiting() == .blocked { watchForRoom(connection) }
         }
