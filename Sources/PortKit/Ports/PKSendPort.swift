@@ -173,8 +173,9 @@ final class SendConnection: @unchecked Sendable {
         /// Where a frame written directly is encoded: kept from one send to the next while small
         /// (`scratchLimit`), so a send allocates nothing for its bytes.
         var scratch: [UInt8] = []
-        /// A frame was written directly before (so unread bytes in the socket are ours).
-        var wroteDirectly = false
+        /// When bytes were last written to the socket (monotonic nanoseconds; 0: never): unread
+        /// bytes in it are ours, and worth asking about only if that was recent.
+        var lastWriteAt: UInt64 = 0
         /// Someone (a loop) will write the pending bytes.
         var flushScheduled = false
         /// The loop and pass of this connection's last direct write from a running loop.
@@ -184,6 +185,8 @@ final class SendConnection: @unchecked Sendable {
 
     /// Pending bytes past which a send writes them itself, waiting for room.
     static let pendingLimit = 64 << 10
+    /// How recent the last write must be for a send to ask whether it is still unread.
+    static let recentWriteNanoseconds: UInt64 = 10_000
     /// The largest encoding area a connection keeps between sends.
     static let scratchLimit = 4 << 10
 
@@ -263,8 +266,13 @@ final class SendConnection: @unchecked Sendable {
                 }
                 // The receiver has not read what we wrote last: it is busy (or already woken
                 // for it) and will not read this sooner, so it waits with the frames that
-                // follow and goes out with them in one write, waking the receiver once.
-                if descriptors.isEmpty && state.wroteDirectly && Socket.unsentBytes(fd) > 0 {
+                // follow and goes out with them in one write, waking the receiver once. Asked
+                // (an ioctl) only when that write was recent: a stream's sends come microseconds
+                // apart, while a round trip's next send comes after the answer, when the
+                // receiver has read everything (a system call per message saved there).
+                if descriptors.isEmpty && state.lastWriteAt != 0
+                    && monotonicNanoseconds() &- state.lastWriteAt < Self.recentWriteNanoseconds
+                    && Socket.unsentBytes(fd) > 0 {
                     append(frame, to: &state, deadline: deadline)
                     return .sent(flush: takeFlushDuty(&state))
                 }
@@ -272,7 +280,6 @@ final class SendConnection: @unchecked Sendable {
                     state.directLoop = loopID
                     state.directPass = loop.passNumber
                 }
-                state.wroteDirectly = true
                 var bytes = state.scratch
                 state.scratch = []  // moved out, so encoding into it does not copy it
                 defer {
@@ -454,6 +461,7 @@ final class SendConnection: @unchecked Sendable {
             case .done(let n):
                 offset += n
                 attach = []
+                state.lastWriteAt = monotonicNanoseconds()
             case .wouldBlock:
                 return offset
             }

@@ -6,11 +6,14 @@
 import Foundation
 import Testing
 
+// Each test waits for its programs on a thread of its own (`awaitThread`): they run for seconds,
+// and a synchronous test would hold one of Swift concurrency's two threads meanwhile.
 @Suite(.serialized) struct ExampleBinariesTests {
-    @Test func checkinMainRunsWorkerThreadsAndProcesses() throws {
+    @Test func checkinMainRunsWorkerThreadsAndProcesses() async throws {
         let names = try PrivateNameDirectory()
-        let main = try ExampleBinary("checkin-main", ["--processes", "2", "--workers", "2"], names: names)
-        let result = try main.waitForExit(timeout: .seconds(120))
+        let result = try await awaitThread(timeout: .seconds(180)) {
+            try ExampleBinary("checkin-main", ["--processes", "2", "--workers", "2"], names: names).waitForExit(timeout: .seconds(120))
+        }
         #expect(result.status == 0, "checkin-main failed: \(result.errors)")
         #expect(result.errors.isEmpty, "\(result.errors)")
         #expect(result.output.contains("verified: every chunk"), "\(result.output)")
@@ -25,30 +28,33 @@ import Testing
         #expect(names.sockets().isEmpty, "left behind: \(names.sockets())")
     }
 
-    @Test func checkinWorkerStartedByHandChecksInWithAWaitingMain() throws {
+    @Test func checkinWorkerStartedByHandChecksInWithAWaitingMain() async throws {
         let names = try PrivateNameDirectory()
         let name = "by-hand-\(getpid())"
-        let main = try ExampleBinary(
-            "checkin-main", ["--wait-for-workers", "1", "--processes", "0", "--workers", "1", "--name", name], names: names)
-        // checkin-main says what to run; run that (the built checkin-worker) with the same name.
-        try main.readOutput(until: "checkin-worker --name \(name)", timeout: .seconds(60))
-        let worker = try ExampleBinary("checkin-worker", ["--name", name], names: names)
-        let workerResult = try worker.waitForExit(timeout: .seconds(120))
-        let mainResult = try main.waitForExit(timeout: .seconds(60))
+        let (workerPID, workerResult, mainResult) = try await awaitThread(timeout: .seconds(240)) {
+            let main = try ExampleBinary(
+                "checkin-main", ["--wait-for-workers", "1", "--processes", "0", "--workers", "1", "--name", name], names: names)
+            // checkin-main says what to run; run that (the built checkin-worker) with the same name.
+            try main.readOutput(until: "checkin-worker --name \(name)", timeout: .seconds(60))
+            let worker = try ExampleBinary("checkin-worker", ["--name", name], names: names)
+            let workerResult = try worker.waitForExit(timeout: .seconds(120))
+            return (worker.pid, workerResult, try main.waitForExit(timeout: .seconds(60)))
+        }
         #expect(workerResult.status == 0, "checkin-worker failed: \(workerResult.errors)")
         #expect(mainResult.status == 0, "checkin-main failed: \(mainResult.errors)")
-        #expect(workerResult.output.contains("checked in with \"\(name)\" as \"\(name).worker-\(worker.pid)\""), "\(workerResult.output)")
+        #expect(workerResult.output.contains("checked in with \"\(name)\" as \"\(name).worker-\(workerPID)\""), "\(workerResult.output)")
         #expect(workerResult.output.contains("told to stop"), "\(workerResult.output)")
-        #expect(mainResult.output.contains("\(name).worker-\(worker.pid) checked in (1 of 1 started by hand)"), "\(mainResult.output)")
+        #expect(mainResult.output.contains("\(name).worker-\(workerPID) checked in (1 of 1 started by hand)"), "\(mainResult.output)")
         #expect(mainResult.output.contains("by hand, 3-17..3-19"), "\(mainResult.output)")
         #expect(mainResult.output.contains("verified: every chunk"), "\(mainResult.output)")
         #expect(names.sockets().isEmpty, "left behind: \(names.sockets())")
     }
 
-    @Test func checkinWorkerWithoutAMainFailsWithOneLine() throws {
+    @Test func checkinWorkerWithoutAMainFailsWithOneLine() async throws {
         let names = try PrivateNameDirectory()
-        let worker = try ExampleBinary("checkin-worker", ["--name", "nobody-home", "--wait-timeout", "1"], names: names)
-        let result = try worker.waitForExit(timeout: .seconds(60))
+        let result = try await awaitThread(timeout: .seconds(120)) {
+            try ExampleBinary("checkin-worker", ["--name", "nobody-home", "--wait-timeout", "1"], names: names).waitForExit(timeout: .seconds(60))
+        }
         #expect(result.status == 1)
         let lines = result.errors.split(separator: "\n")
         #expect(lines.count == 1, "\(result.errors)")
@@ -57,7 +63,7 @@ import Testing
 }
 
 /// A name directory of the test's own (mode 0700), removed afterwards.
-private final class PrivateNameDirectory {
+private final class PrivateNameDirectory: Sendable {
     let path: String
 
     init() throws {

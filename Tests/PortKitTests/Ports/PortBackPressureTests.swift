@@ -59,8 +59,8 @@ import Testing
     /// send waits for room, times out with nothing sent and leaves the right valid. Once the
     /// receiver reads, every accepted message arrives whole and in order, the timed-out one
     /// never, and the right still works.
-    @Test func aMessageLargerThanTheSocketIsAcceptedWholeAndTheNextSendWaits() throws {
-        try onPortLoopThread { loop in
+    @Test func aMessageLargerThanTheSocketIsAcceptedWholeAndTheNextSendWaits() async throws {
+        try await awaitLoopThread(timeout: patience(.seconds(30))) { loop in
             var got: [(UInt32, Int)] = []
             let port = PKReceivePort { got.append(($0.msgid, $0.data.count)) }
             try loop.add(port, forMode: .default)

@@ -39,14 +39,14 @@ import Testing
 
     /// Eight threads send ten thousand messages each to one port, every thread through a send
     /// right of its own: none is lost, torn or reordered within its sender.
-    @Test func eightThreadsWithRightsOfTheirOwnLoseAndReorderNothing() throws {
-        try Self.eightSenders(sharingOneRight: false)
+    @Test func eightThreadsWithRightsOfTheirOwnLoseAndReorderNothing() async throws {
+        try await awaitThread(timeout: patience(.seconds(330))) { try Self.eightSenders(sharingOneRight: false) }
     }
 
     /// The same through ONE send right shared by the eight threads: each message arrives whole
     /// (never interleaved with another thread's) and each thread's messages stay in order.
-    @Test func eightThreadsSharingOneRightLoseAndReorderNothing() throws {
-        try Self.eightSenders(sharingOneRight: true)
+    @Test func eightThreadsSharingOneRightLoseAndReorderNothing() async throws {
+        try await awaitThread(timeout: patience(.seconds(330))) { try Self.eightSenders(sharingOneRight: true) }
     }
 
     static func eightSenders(sharingOneRight: Bool) throws {

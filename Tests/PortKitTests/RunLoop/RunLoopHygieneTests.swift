@@ -78,6 +78,7 @@ extension RunLoopTests {
                 do {
                     try TestThread { _ = PKRunLoop.current }.join()  // first-use set-up out of the count
                     let before = openDescriptorCount()
+                    let targets = descriptorTargets()
                     // Eight threads at a time, each handing back a weak reference to its loop.
                     var loops: [WeakLoop] = []
                     for _ in 0..<125 {
@@ -96,7 +97,7 @@ extension RunLoopTests {
                     }
                     try waitUntil("every loop released", timeout: patience(.seconds(20))) { loops.allSatisfy { $0.loop == nil } }
                     let after = settledDescriptorCount(atMost: before, timeout: patience(.seconds(20)))
-                    endExitTest("1,000 loops: descriptors \(before) before, \(after) after",
+                    endExitTest("1,000 loops: descriptors \(before) before, \(after) after; new: \(newDescriptors(since: targets, descriptorTargets()))",
                                 failures: (loops.count == 1_000 ? [] : ["\(loops.count) loops"]) + (after <= before ? [] : ["descriptors left open"]))
                 } catch {
                     endExitTest("failed: \(error)", failures: ["\(error)"])
@@ -111,7 +112,21 @@ extension RunLoopTests {
         @Test func aThousandSourcesAddedAndRemovedLeaveNoDescriptorOpen() async {
             let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
                 do {
+                    // First-use set-up out of the count: a loop thread with one of each item.
+                    _ = try onLoopThread { loop in
+                        let pipe = try TestPipe()
+                        defer { pipe.closeBoth() }
+                        let source = PKDescriptorSource(descriptor: pipe.readEnd) { _ in pipe.drain() }
+                        try loop.add(source, forMode: "warm-up")
+                        loop.add(PKCustomSource {}, forMode: "warm-up")
+                        let timer = loop.scheduleTimer(after: .seconds(60), forMode: "warm-up") { _ in }
+                        pipe.makeReadable()
+                        loop.run(in: "warm-up", until: .after(.milliseconds(10)), returnAfterSourceHandled: true)
+                        source.invalidate()
+                        timer.invalidate()
+                    }
                     let before = openDescriptorCount()
+                    let targets = descriptorTargets()
                     let (handled, remaining) = try onLoopThread { loop in
                         let mode: PKRunLoopMode = "hygiene-thousand-sources"
                         var handled = 0
@@ -148,7 +163,7 @@ extension RunLoopTests {
                         return (handled, remaining)
                     }
                     let after = settledDescriptorCount(atMost: before, timeout: patience(.seconds(20)))
-                    endExitTest("1,000 sources: \(handled) handled; descriptors \(before) before, \(after) after",
+                    endExitTest("1,000 sources: \(handled) handled; descriptors \(before) before, \(after) after; new: \(newDescriptors(since: targets, descriptorTargets()))",
                                 failures: (handled == 1_000 ? [] : ["\(handled) handled"]) + (remaining == .finished ? [] : ["the mode still has items"])
                                     + (after <= before ? [] : ["descriptors left open"]))
                 } catch {

@@ -37,6 +37,17 @@ func processState(_ pid: pid_t) -> Character? {
     return stat[stat.index(after: close)...].first { $0 != " " }
 }
 
+/// What this process's descriptors refer to, by number (`/proc/self/fd`).
+func descriptorTargets() -> [Int32: String] {
+    Dictionary(uniqueKeysWithValues: descriptorNumbers(ofProcess: getpid()).map { ($0, descriptorTarget(ofProcess: getpid(), $0)) })
+}
+
+/// The descriptors in `after` that were not in `before` (or now refer to something else), for
+/// a failure's message: "12=socket:[345] 13=anon_inode:[eventfd]".
+func newDescriptors(since before: [Int32: String], _ after: [Int32: String]) -> String {
+    after.filter { before[$0.key] != $0.value }.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
+}
+
 /// What descriptor `fd` of process `pid` refers to (`socket:[...]`, a path, `anon_inode:...`).
 func descriptorTarget(ofProcess pid: pid_t, _ fd: Int32) -> String {
     (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\(fd)")) ?? "?"
@@ -60,12 +71,13 @@ func killAndReap(_ pid: pid_t) {
     _ = waitpid(pid, &status, 0)
 }
 
-/// Runs `body` on a new thread with its own run loop, as `onLoopThread` does, but awaits it
-/// instead of holding a thread of Swift concurrency's pool: a synchronous test blocks one for
-/// its whole length, and on two cores the pool has two, which async tests running alongside
-/// need. For tests that take seconds. Throws `TestTimeout` if `timeout` passes first.
-func awaitLoopThread<R: Sendable>(
-    timeout: Duration, _ body: @escaping @Sendable (PKRunLoop) throws -> R
+/// Runs `body` on a new thread and awaits it instead of holding a thread of Swift concurrency's
+/// pool: a synchronous test blocks one for its whole length, and on two cores the pool has two,
+/// which async tests running alongside need (two synchronous tests of ten seconds each once
+/// held async requests past their deadline). For tests that take a second or more. Throws
+/// `TestTimeout` if `timeout` passes first.
+func awaitThread<R: Sendable>(
+    timeout: Duration, _ body: @escaping @Sendable () throws -> R
 ) async throws -> R {
     let resumed = Locked(false)
     return try await withCheckedThrowingContinuation { continuation in
@@ -76,12 +88,19 @@ func awaitLoopThread<R: Sendable>(
             }
             if first { continuation.resume(with: result) }
         }
-        _ = TestThread(name: "loop-thread") { finish(Result { try body(PKRunLoop.current) }) }
+        _ = TestThread(name: "test-thread") { finish(Result { try body() }) }
         let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
         DispatchQueue.global().asyncAfter(deadline: .now() + seconds) {
-            finish(.failure(TestTimeout(what: "the test's loop thread, after \(timeout)")))
+            finish(.failure(TestTimeout(what: "the test's thread, after \(timeout)")))
         }
     }
+}
+
+/// `awaitThread` with a run loop of the thread's own, as `onLoopThread` gives.
+func awaitLoopThread<R: Sendable>(
+    timeout: Duration, _ body: @escaping @Sendable (PKRunLoop) throws -> R
+) async throws -> R {
+    try await awaitThread(timeout: timeout) { try body(PKRunLoop.current) }
 }
 
 /// "p50 …, p99 …, max …" of `durations`, in milliseconds.
