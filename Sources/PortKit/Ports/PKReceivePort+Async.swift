@@ -73,7 +73,9 @@ extension PKSendPort {
         let loop = PKRunLoop.background
         let pending = PendingReply()
         let target = self
-        let replyRight: PKSendPort = loop.performAndWait {
+        // Set up on the background loop without blocking this task's thread (one of Swift
+        // concurrency's few) while that loop gets to it.
+        let replyRight: PKSendPort = await withCheckedContinuation { setUp in loop.perform {
             let replyPort = PKReceivePort()
             pending.port = replyPort
             replyPort.handler = { reply in pending.finish(.success(reply)) }
@@ -89,8 +91,8 @@ extension PKSendPort {
             }
             pending.timer = timer
             loop.add(timer, forMode: .default)
-            return replyPort.makeSendRight()
-        }
+            setUp.resume(returning: replyPort.makeSendRight())
+        } }
         var request = message
         request.replyPort = replyRight
         do {
