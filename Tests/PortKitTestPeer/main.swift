@@ -16,7 +16,7 @@
 //   PortKitTestPeer racer DIR NAME         for each line "go" on stdin, try to register NAME
 //                                         with a new port and print "won" or "lost"; for each
 //                                         "release", invalidate that port and print "released";
-//                                         exit at EOF
+//                                         exit at "end" or EOF
 //   PortKitTestPeer stall-send DIR NAME COUNT MAXSIZE
 //                                         look NAME up and send msgid 1...COUNT, each of a
 //                                         random size in 1...MAXSIZE filled with the byte msgid
@@ -159,7 +159,7 @@ case "racer":
     guard arguments.count == 3 else { fail("usage: racer DIR NAME") }
     let server = PKNameServer(directory: arguments[1])
     var held: PKReceivePort?
-    while let line = readLine() {
+    lines: while let line = readLine() {
         switch line {
         case "go":
             let port = PKReceivePort()
@@ -178,6 +178,8 @@ case "racer":
             held?.invalidate()
             held = nil
             say("released")
+        case "end":
+            break lines
         default:
             fail("racer: unknown line \(line)")
         }

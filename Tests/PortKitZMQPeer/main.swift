@@ -5,7 +5,7 @@
 //                                            components; msgid 99 ends it
 //   PortKitZMQPeer hold ENDPOINT             the same, until killed
 //   PortKitZMQPeer bind ENDPOINT             try once to bind ENDPOINT; print "bound" or
-//                                            "refused CODE", then wait for EOF on stdin
+//                                            "refused CODE", then wait for a line or EOF on stdin
 //   PortKitZMQPeer flood ENDPOINT ID COUNT   send COUNT messages (msgid ID, data: the index as a
 //                                            little-endian u32) to ENDPOINT; print "done"
 //   PortKitZMQPeer checkin ENDPOINT          the guide's worker (Listings 3-14, 3-15) over
@@ -74,7 +74,7 @@ case "bind":
         let port = try PKZMQReceivePort(bindingTo: argument(1))
         say("bound")
         var byte: UInt8 = 0
-        while read(0, &byte, 1) > 0 {}
+        while read(0, &byte, 1) > 0 && byte != 10 {}  // until a newline or the end of input
         port.invalidate()
     } catch {
         say("refused \(error.code)")

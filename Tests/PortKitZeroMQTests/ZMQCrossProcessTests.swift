@@ -29,7 +29,7 @@ import PortKitZeroMQ
         // This process holds it: another process is refused.
         let second = try ZMQPeerProcess(["bind", endpoint])
         #expect(try second.readLine() == "refused nameInUse")
-        second.closeInput()
+        second.endInput()
         #expect(try second.waitForExit() == 0)
 
         // Released on invalidation: the socket file and the lock file go, and a new binder wins.
@@ -38,7 +38,7 @@ import PortKitZeroMQ
         #expect(!FileManager.default.fileExists(atPath: directory.path + "/claimed.lock"))
         let third = try ZMQPeerProcess(["bind", endpoint])
         #expect(try third.readLine() == "bound")
-        third.closeInput()
+        third.endInput()
         #expect(try third.waitForExit() == 0)
     }
 

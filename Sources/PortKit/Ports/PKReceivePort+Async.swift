@@ -86,11 +86,6 @@ extension PKSendPort {
             pending.watch = try? target.watchInvalidation(on: loop, forMode: .default) {
                 pending.finish(.failure(PKError(.portInvalidated, "the remote port became invalid while waiting for the reply")))
             }
-            let timer = PKTimer(fireDate: .after(receiveTimeout)) { _ in
-                pending.finish(.failure(PKError(.receiveTimedOut, "no reply arrived within \(receiveTimeout)")))
-            }
-            pending.timer = timer
-            loop.add(timer, forMode: .default)
             setUp.resume(returning: replyPort.makeSendRight())
         } }
         var request = message
@@ -101,8 +96,15 @@ extension PKSendPort {
             loop.perform { pending.finish(.failure(error)) }
             throw error
         }
+        // The receive timeout counts from the send, as `sendRequest`'s does.
+        let replyBy = PKDeadline.after(receiveTimeout)
         let result = await withCheckedContinuation { continuation in
-            loop.perform { pending.setContinuation(continuation) }
+            loop.perform {
+                pending.armTimer(until: replyBy, on: loop) {
+                    PKError(.receiveTimedOut, "no reply arrived within \(receiveTimeout)")
+                }
+                pending.setContinuation(continuation)
+            }
         }
         return try result.get()
     }
@@ -126,6 +128,15 @@ private final class PendingReply: @unchecked Sendable {
         watch = nil
         port = nil
         deliver()
+    }
+
+    /// Fails the request with `timeoutError()` at `deadline`, unless it has finished already.
+    func armTimer(until deadline: PKDeadline, on loop: PKRunLoop, _ timeoutError: @escaping () -> PKError) {
+        guard result == nil else { return }
+        // The timer holds the request until it fires or `finish` invalidates it.
+        let timer = PKTimer(fireDate: deadline) { _ in self.finish(.failure(timeoutError())) }
+        self.timer = timer
+        loop.add(timer, forMode: .default)
     }
 
     func setContinuation(_ continuation: CheckedContinuation<Result<PKPortMessage, PKError>, Never>) {

@@ -144,18 +144,20 @@ private final class ExampleBinary {
             }
             pump(until: deadline)
         }
-        // Both outputs closed: the process is exiting, if it has not already.
-        while process.isRunning {
+        // Both outputs closed: the process is exiting, if it has not already. (Asked of the
+        // kernel too: Foundation may learn of the end late; see `PeerProcess.childEnd`.)
+        var end = PeerProcess.childEnd(pid)
+        while process.isRunning && end == nil {
             guard ContinuousClock.now < deadline else {
                 kill(pid, SIGKILL)
                 throw failure("closed its outputs but did not exit within \(timeout)")
             }
             usleep(1000)
+            end = PeerProcess.childEnd(pid)
         }
-        guard process.terminationReason == .exit else {
-            throw failure("died of signal \(process.terminationStatus)")
-        }
-        return (process.terminationStatus, String(decoding: output, as: UTF8.self), String(decoding: errors, as: UTF8.self))
+        let (status, signalled) = process.isRunning ? end! : (process.terminationStatus, process.terminationReason != .exit)
+        guard !signalled else { throw failure("died of signal \(status)") }
+        return (status, String(decoding: output, as: UTF8.self), String(decoding: errors, as: UTF8.self))
     }
 
     /// Waits up to `deadline` for either output to have something, and reads it.
@@ -187,7 +189,9 @@ private final class ExampleBinary {
     deinit {
         if process.isRunning {
             kill(pid, SIGKILL)
-            process.waitUntilExit()
+            // Not `waitUntilExit()`: Foundation may learn of the end late (`PeerProcess.childEnd`).
+            let deadline = ContinuousClock.now + .seconds(10)
+            while process.isRunning && PeerProcess.childEnd(pid) == nil && ContinuousClock.now < deadline { usleep(1000) }
         }
     }
 }

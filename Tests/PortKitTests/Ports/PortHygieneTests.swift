@@ -11,42 +11,42 @@ import Testing
     /// to where it started. Run in a child process, so that no other test's descriptors blur
     /// the count.
     @Test func aThousandPortsLeaveNoDescriptorOpen() async {
-        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
-            let outcome = Locked<String?>(nil)
-            let thread = TestThread(name: "thousand-ports") {
-                let loop = PKRunLoop.current
-                _ = PKRunLoop.background  // first-use set-up out of the count
-                let warmUp = PKReceivePort()
-                try? loop.add(warmUp, forMode: .default)
-                warmUp.invalidate()
-                let before = openDescriptorCount()
-                for index in 0..<1_000 {
-                    var got = 0
-                    let port = PKReceivePort { _ in got += 1 }
-                    try? loop.add(port, forMode: .default)
-                    try? port.makeSendRight().send(PKPortMessage(msgid: UInt32(index), data: [1]), timeout: .seconds(5))
-                    if let right = try? independentRight(to: port) {
-                        try? right.send(PKPortMessage(msgid: UInt32(index), components: [.port(port.makeSendRight())]), timeout: .seconds(5))
+        await exitTestInTurn {
+            await #expect(processExitsWith: .success) {
+                await warmUpDispatchTimers()  // once-per-process descriptors out of the count
+                let outcome = Locked<String?>(nil)
+                let thread = TestThread(name: "thousand-ports") {
+                    let loop = PKRunLoop.current
+                    _ = PKRunLoop.background  // first-use set-up out of the count
+                    let warmUp = PKReceivePort()
+                    try? loop.add(warmUp, forMode: .default)
+                    warmUp.invalidate()
+                    let before = openDescriptorCount()
+                    for index in 0..<1_000 {
+                        var got = 0
+                        let port = PKReceivePort { _ in got += 1 }
+                        try? loop.add(port, forMode: .default)
+                        try? port.makeSendRight().send(PKPortMessage(msgid: UInt32(index), data: [1]), timeout: .seconds(5))
+                        if let right = try? independentRight(to: port) {
+                            try? right.send(PKPortMessage(msgid: UInt32(index), components: [.port(port.makeSendRight())]), timeout: .seconds(5))
+                        }
+                        let deadline = PKDeadline.after(.seconds(10))
+                        while got < 2 && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
+                        if got < 2 { outcome.value = "port \(index) got \(got) messages"; return }
+                        port.invalidate()
                     }
-                    let deadline = PKDeadline.after(.seconds(10))
-                    while got < 2 && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
-                    if got < 2 { outcome.value = "port \(index) got \(got) messages"; return }
-                    port.invalidate()
+                    var after = openDescriptorCount()
+                    let deadline = PKDeadline.after(.seconds(20))
+                    while after != before && !deadline.hasPassed {
+                        loop.run(in: .default, until: .after(.milliseconds(5)))
+                        after = openDescriptorCount()
+                    }
+                    outcome.value = after == before ? "ok" : "descriptors before \(before), after \(after)"
                 }
-                var after = openDescriptorCount()
-                let deadline = PKDeadline.after(.seconds(20))
-                while after != before && !deadline.hasPassed {
-                    loop.run(in: .default, until: .after(.milliseconds(5)))
-                    after = openDescriptorCount()
-                }
-                outcome.value = after == before ? "ok" : "descriptors before \(before), after \(after)"
+                do { try thread.joinPatiently(timeout: .seconds(120)) } catch { endExitTest("the thread did not end", failures: ["\(error)"]) }
+                let value = outcome.value ?? "no outcome"
+                endExitTest(value, failures: value == "ok" ? [] : [value])
             }
-            do { try thread.joinPatiently(timeout: .seconds(120)) } catch { endExitTest("the thread did not end", failures: ["\(error)"]) }
-            let value = outcome.value ?? "no outcome"
-            endExitTest(value, failures: value == "ok" ? [] : [value])
-        }
-        if let output = result?.standardOutputContent {
-            #expect(String(decoding: output, as: UTF8.self) == "ok\n")
         }
     }
 

@@ -304,20 +304,22 @@ import Testing
     /// The same in a child process whose SIGPIPE disposition is the default (terminate): the
     /// send reports `.invalidPort` and the process exits normally.
     @Test func sendingToADeadPortRaisesNoSIGPIPE() async {
-        await #expect(processExitsWith: .success) {
-            _ = signal(SIGPIPE, SIG_DFL)
-            let port = PKReceivePort()
-            guard let right = try? independentRight(to: port) else { exit(2) }
-            port.invalidate()
-            for size in [0, 1 << 20] {
-                do {
-                    try right.send(PKPortMessage(msgid: 1, data: bytes(size)), timeout: .seconds(1))
-                    exit(3)
-                } catch {
-                    if (error as? PKError)?.code != .invalidPort { exit(4) }
+        await exitTestInTurn {
+            await #expect(processExitsWith: .success) {
+                _ = signal(SIGPIPE, SIG_DFL)
+                let port = PKReceivePort()
+                guard let right = try? independentRight(to: port) else { exit(2) }
+                port.invalidate()
+                for size in [0, 1 << 20] {
+                    do {
+                        try right.send(PKPortMessage(msgid: 1, data: bytes(size)), timeout: .seconds(1))
+                        exit(3)
+                    } catch {
+                        if (error as? PKError)?.code != .invalidPort { exit(4) }
+                    }
                 }
+                exit(0)
             }
-            exit(0)
         }
     }
 }

@@ -22,18 +22,19 @@ import Foundation
     /// Run in a child process (an exit test), so that resident memory is this test's alone.
     @Test(arguments: Sender.allCases)
     func stalledConsumerHoldsTheSenderAndLosesNothing(_ sender: Sender) async {
-        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) { [sender] in
-            let dir = TemporaryNameDirectory()
-            do {
-                let (report, failures) = try await Self.stalledConsumer(sender, dir)
-                try? FileManager.default.removeItem(atPath: dir.path)  // exit() runs no deinit
-                endExitTest(report, failures: failures)
-            } catch {
-                try? FileManager.default.removeItem(atPath: dir.path)
-                endExitTest("failed: \(error)", failures: ["\(error)"])
+        await exitTestInTurn {
+            await #expect(processExitsWith: .success) { [sender] in
+                let dir = TemporaryNameDirectory()
+                do {
+                    let (report, failures) = try await Self.stalledConsumer(sender, dir)
+                    try? FileManager.default.removeItem(atPath: dir.path)  // exit() runs no deinit
+                    endExitTest(report, failures: failures)
+                } catch {
+                    try? FileManager.default.removeItem(atPath: dir.path)
+                    endExitTest("failed: \(error)", failures: ["\(error)"])
+                }
             }
         }
-        if let output = result?.standardOutputContent { print(String(decoding: output, as: UTF8.self), terminator: "") }
     }
 
     /// The body of `stalledConsumerHoldsTheSenderAndLosesNothing`: its figures and failed checks.

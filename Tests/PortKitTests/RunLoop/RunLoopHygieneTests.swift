@@ -10,60 +10,70 @@ extension RunLoopTests {
         // MARK: - The thread rule
 
         @Test func runningTheMainLoopFromAnotherThreadTraps() async {
-            let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
-                let thread = TestThread {
-                    PKRunLoop.main.run(in: "wrong-thread-main", until: .after(.seconds(1)))
-                    exit(0)  // reached only if the call did not trap
+            var result: ExitTest.Result?
+            await exitTestInTurn {
+                result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+                    let thread = TestThread {
+                        PKRunLoop.main.run(in: "wrong-thread-main", until: .after(.seconds(1)))
+                        exit(0)  // reached only if the call did not trap
+                    }
+                    try? thread.join(timeout: .seconds(30))
+                    exit(0)
                 }
-                try? thread.join(timeout: .seconds(30))
-                exit(0)
             }
             let message = String(decoding: result?.standardErrorContent ?? [], as: UTF8.self)
             #expect(message.contains("is loop-only"))
         }
 
         @Test func runningALoopFromAThreadThatDoesNotOwnItTraps() async {
-            let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
-                let made = TestLatch<PKRunLoop>()
-                let release = TestLatch<Bool>()
-                let owner = TestThread {
-                    made.set(PKRunLoop.current)
-                    _ = try? release.wait(timeout: .seconds(30))
+            var result: ExitTest.Result?
+            await exitTestInTurn {
+                result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+                    let made = TestLatch<PKRunLoop>()
+                    let release = TestLatch<Bool>()
+                    let owner = TestThread {
+                        made.set(PKRunLoop.current)
+                        _ = try? release.wait(timeout: .seconds(30))
+                    }
+                    let loop = try! made.wait()
+                    loop.run(in: "wrong-thread-other", until: .after(.seconds(1)))
+                    release.set(true)
+                    try? owner.join()
+                    exit(0)  // reached only if the call did not trap
                 }
-                let loop = try! made.wait()
-                loop.run(in: "wrong-thread-other", until: .after(.seconds(1)))
-                release.set(true)
-                try? owner.join()
-                exit(0)  // reached only if the call did not trap
             }
             let message = String(decoding: result?.standardErrorContent ?? [], as: UTF8.self)
             #expect(message.contains("PKRunLoop.run(in:until:returnAfterSourceHandled:) is loop-only"))
         }
 
         @Test func addingAnItemFromAThreadThatDoesNotOwnTheLoopTraps() async {
-            await #expect(processExitsWith: .failure) {
-                let made = TestLatch<PKRunLoop>()
-                let release = TestLatch<Bool>()
-                let owner = TestThread {
-                    made.set(PKRunLoop.current)
-                    _ = try? release.wait(timeout: .seconds(30))
+            await exitTestInTurn {
+                await #expect(processExitsWith: .failure) {
+                    let made = TestLatch<PKRunLoop>()
+                    let release = TestLatch<Bool>()
+                    let owner = TestThread {
+                        made.set(PKRunLoop.current)
+                        _ = try? release.wait(timeout: .seconds(30))
+                    }
+                    let loop = try! made.wait()
+                    loop.add(PKCustomSource {}, forMode: "wrong-thread-add")
+                    release.set(true)
+                    try? owner.join()
+                    exit(0)  // reached only if the call did not trap
                 }
-                let loop = try! made.wait()
-                loop.add(PKCustomSource {}, forMode: "wrong-thread-add")
-                release.set(true)
-                try? owner.join()
-                exit(0)  // reached only if the call did not trap
             }
         }
 
         @Test func runningInTheCommonPseudoModeTraps() async {
-            await #expect(processExitsWith: .failure) {
-                let thread = TestThread {
-                    PKRunLoop.current.run(in: .common, until: .after(.seconds(1)))
-                    exit(0)  // reached only if the call did not trap
+            await exitTestInTurn {
+                await #expect(processExitsWith: .failure) {
+                    let thread = TestThread {
+                        PKRunLoop.current.run(in: .common, until: .after(.seconds(1)))
+                        exit(0)  // reached only if the call did not trap
+                    }
+                    try? thread.join(timeout: .seconds(30))
+                    exit(0)
                 }
-                try? thread.join(timeout: .seconds(30))
-                exit(0)
             }
         }
 
@@ -74,103 +84,107 @@ extension RunLoopTests {
         /// Run in a child process (an exit test), so the count is exact: no other test's
         /// descriptors blur it.
         @Test func aThousandLoopsWhoseThreadsEndLeaveNoDescriptorOpen() async {
-            let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
-                do {
-                    try TestThread { _ = PKRunLoop.current }.join()  // first-use set-up out of the count
-                    let before = openDescriptorCount()
-                    let targets = descriptorTargets()
-                    // Eight threads at a time, each handing back a weak reference to its loop.
-                    var loops: [WeakLoop] = []
-                    for _ in 0..<125 {
-                        let latches = (0..<8).map { _ in TestLatch<WeakLoop>() }
-                        let threads = latches.map { latch in
-                            TestThread(name: "short-lived-loop") {
-                                let loop = PKRunLoop.current
-                                keepAlive(loop, "short-lived")
-                                loop.scheduleTimer(after: .seconds(60), forMode: "short-lived") { _ in }
-                                loop.runOnePass(in: "short-lived")
-                                latch.set(WeakLoop(loop))
+            await exitTestInTurn {
+                await #expect(processExitsWith: .success) {
+                    await warmUpDispatchTimers()  // once-per-process descriptors out of the count
+                    do {
+                        try TestThread { _ = PKRunLoop.current }.join()  // first-use set-up out of the count
+                        let before = openDescriptorCount()
+                        let targets = descriptorTargets()
+                        // Eight threads at a time, each handing back a weak reference to its loop.
+                        var loops: [WeakLoop] = []
+                        for _ in 0..<125 {
+                            let latches = (0..<8).map { _ in TestLatch<WeakLoop>() }
+                            let threads = latches.map { latch in
+                                TestThread(name: "short-lived-loop") {
+                                    let loop = PKRunLoop.current
+                                    keepAlive(loop, "short-lived")
+                                    loop.scheduleTimer(after: .seconds(60), forMode: "short-lived") { _ in }
+                                    loop.runOnePass(in: "short-lived")
+                                    latch.set(WeakLoop(loop))
+                                }
                             }
+                            for thread in threads { try thread.join() }
+                            for latch in latches { loops.append(try latch.wait()) }
                         }
-                        for thread in threads { try thread.join() }
-                        for latch in latches { loops.append(try latch.wait()) }
+                        try waitUntil("every loop released", timeout: patience(.seconds(20))) { loops.allSatisfy { $0.loop == nil } }
+                        let after = settledDescriptorCount(atMost: before, timeout: patience(.seconds(20)))
+                        endExitTest("1,000 loops: descriptors \(before) before, \(after) after; new: \(newDescriptors(since: targets, descriptorTargets()))",
+                                    failures: (loops.count == 1_000 ? [] : ["\(loops.count) loops"]) + (after <= before ? [] : ["descriptors left open"]))
+                    } catch {
+                        endExitTest("failed: \(error)", failures: ["\(error)"])
                     }
-                    try waitUntil("every loop released", timeout: patience(.seconds(20))) { loops.allSatisfy { $0.loop == nil } }
-                    let after = settledDescriptorCount(atMost: before, timeout: patience(.seconds(20)))
-                    endExitTest("1,000 loops: descriptors \(before) before, \(after) after; new: \(newDescriptors(since: targets, descriptorTargets()))",
-                                failures: (loops.count == 1_000 ? [] : ["\(loops.count) loops"]) + (after <= before ? [] : ["descriptors left open"]))
-                } catch {
-                    endExitTest("failed: \(error)", failures: ["\(error)"])
                 }
             }
-            if let output = result?.standardOutputContent { print(String(decoding: output, as: UTF8.self), terminator: "") }
         }
 
         /// A thousand descriptor sources (and as many custom sources and timers) added to a loop,
         /// run, then removed: nothing the loop opened for them stays open.
         /// Run in a child process (an exit test), so the count is exact.
         @Test func aThousandSourcesAddedAndRemovedLeaveNoDescriptorOpen() async {
-            let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
-                do {
-                    // First-use set-up out of the count: a loop thread with one of each item.
-                    _ = try onLoopThread { loop in
-                        let pipe = try TestPipe()
-                        defer { pipe.closeBoth() }
-                        let source = PKDescriptorSource(descriptor: pipe.readEnd) { _ in pipe.drain() }
-                        try loop.add(source, forMode: "warm-up")
-                        loop.add(PKCustomSource {}, forMode: "warm-up")
-                        let timer = loop.scheduleTimer(after: .seconds(60), forMode: "warm-up") { _ in }
-                        pipe.makeReadable()
-                        loop.run(in: "warm-up", until: .after(.milliseconds(10)), returnAfterSourceHandled: true)
-                        source.invalidate()
-                        timer.invalidate()
-                    }
-                    let before = openDescriptorCount()
-                    let targets = descriptorTargets()
-                    let (handled, remaining) = try onLoopThread { loop in
-                        let mode: PKRunLoopMode = "hygiene-thousand-sources"
-                        var handled = 0
-                        var pipes: [TestPipe] = []
-                        var descriptors: [PKDescriptorSource] = []
-                        var customs: [PKCustomSource] = []
-                        var timers: [PKTimer] = []
-                        for _ in 0..<1_000 {
+            await exitTestInTurn {
+                await #expect(processExitsWith: .success) {
+                    await warmUpDispatchTimers()  // once-per-process descriptors out of the count
+                    do {
+                        // First-use set-up out of the count: a loop thread with one of each item.
+                        _ = try onLoopThread { loop in
                             let pipe = try TestPipe()
-                            pipes.append(pipe)
-                            let source = PKDescriptorSource(descriptor: pipe.readEnd) { _ in
-                                handled += 1
-                                pipe.drain()
-                            }
-                            try loop.add(source, forMode: mode)
-                            descriptors.append(source)
-                            let custom = PKCustomSource {}
-                            loop.add(custom, forMode: mode)
-                            customs.append(custom)
-                            timers.append(loop.scheduleTimer(after: .seconds(60), forMode: mode) { _ in })
+                            defer { pipe.closeBoth() }
+                            let source = PKDescriptorSource(descriptor: pipe.readEnd) { _ in pipe.drain() }
+                            try loop.add(source, forMode: "warm-up")
+                            loop.add(PKCustomSource {}, forMode: "warm-up")
+                            let timer = loop.scheduleTimer(after: .seconds(60), forMode: "warm-up") { _ in }
                             pipe.makeReadable()
-                        }
-                        let deadline = PKDeadline.after(.seconds(20))
-                        while handled < 1_000 && !deadline.hasPassed { loop.run(in: mode, until: .after(.milliseconds(50))) }
-                        for (index, source) in descriptors.enumerated() {
-                            // Half leave their mode first; all are invalidated before their pipes close.
-                            if index.isMultiple(of: 2) { loop.remove(source, forMode: mode) }
+                            loop.run(in: "warm-up", until: .after(.milliseconds(10)), returnAfterSourceHandled: true)
                             source.invalidate()
+                            timer.invalidate()
                         }
-                        for custom in customs { loop.remove(custom, forMode: mode) }
-                        for timer in timers { timer.invalidate() }
-                        for pipe in pipes { pipe.closeBoth() }
-                        let remaining = loop.run(in: mode, until: .after(.seconds(5)))
-                        return (handled, remaining)
+                        let before = openDescriptorCount()
+                        let targets = descriptorTargets()
+                        let (handled, remaining) = try onLoopThread { loop in
+                            let mode: PKRunLoopMode = "hygiene-thousand-sources"
+                            var handled = 0
+                            var pipes: [TestPipe] = []
+                            var descriptors: [PKDescriptorSource] = []
+                            var customs: [PKCustomSource] = []
+                            var timers: [PKTimer] = []
+                            for _ in 0..<1_000 {
+                                let pipe = try TestPipe()
+                                pipes.append(pipe)
+                                let source = PKDescriptorSource(descriptor: pipe.readEnd) { _ in
+                                    handled += 1
+                                    pipe.drain()
+                                }
+                                try loop.add(source, forMode: mode)
+                                descriptors.append(source)
+                                let custom = PKCustomSource {}
+                                loop.add(custom, forMode: mode)
+                                customs.append(custom)
+                                timers.append(loop.scheduleTimer(after: .seconds(60), forMode: mode) { _ in })
+                                pipe.makeReadable()
+                            }
+                            let deadline = PKDeadline.after(.seconds(20))
+                            while handled < 1_000 && !deadline.hasPassed { loop.run(in: mode, until: .after(.milliseconds(50))) }
+                            for (index, source) in descriptors.enumerated() {
+                                // Half leave their mode first; all are invalidated before their pipes close.
+                                if index.isMultiple(of: 2) { loop.remove(source, forMode: mode) }
+                                source.invalidate()
+                            }
+                            for custom in customs { loop.remove(custom, forMode: mode) }
+                            for timer in timers { timer.invalidate() }
+                            for pipe in pipes { pipe.closeBoth() }
+                            let remaining = loop.run(in: mode, until: .after(.seconds(5)))
+                            return (handled, remaining)
+                        }
+                        let after = settledDescriptorCount(atMost: before, timeout: patience(.seconds(20)))
+                        endExitTest("1,000 sources: \(handled) handled; descriptors \(before) before, \(after) after; new: \(newDescriptors(since: targets, descriptorTargets()))",
+                                    failures: (handled == 1_000 ? [] : ["\(handled) handled"]) + (remaining == .finished ? [] : ["the mode still has items"])
+                                        + (after <= before ? [] : ["descriptors left open"]))
+                    } catch {
+                        endExitTest("failed: \(error)", failures: ["\(error)"])
                     }
-                    let after = settledDescriptorCount(atMost: before, timeout: patience(.seconds(20)))
-                    endExitTest("1,000 sources: \(handled) handled; descriptors \(before) before, \(after) after; new: \(newDescriptors(since: targets, descriptorTargets()))",
-                                failures: (handled == 1_000 ? [] : ["\(handled) handled"]) + (remaining == .finished ? [] : ["the mode still has items"])
-                                    + (after <= before ? [] : ["descriptors left open"]))
-                } catch {
-                    endExitTest("failed: \(error)", failures: ["\(error)"])
                 }
             }
-            if let output = result?.standardOutputContent { print(String(decoding: output, as: UTF8.self), terminator: "") }
         }
 
         // MARK: - Thread end

@@ -80,12 +80,52 @@ final class PeerProcess: @unchecked Sendable {
     /// Closes the peer's standard input.
     func closeInput() { try? stdinPipe.fileHandleForWriting.close() }
 
+    /// Tells a peer that reads its standard input to the end to finish: the line "end", then
+    /// the end of input. The line matters: a program started meanwhile by another test (an exit
+    /// test's child, say) may have inherited the pipe's writing end, and then closing ours is
+    /// no end of input until that program exits.
+    func endInput() {
+        try? writeLine("end")
+        closeInput()
+    }
+
     /// Waits for the peer to exit; returns its status.
     @discardableResult
     func waitForExit(timeout: Duration = .seconds(20)) throws -> Int32 {
         // A peer built with a sanitizer takes long to end (LeakSanitizer scans it at exit).
-        try waitUntil("peer \(process.arguments ?? []) to exit", timeout: patience(timeout)) { !process.isRunning }
-        return process.terminationStatus
+        var exited: Int32?
+        do {
+            try waitUntil("peer \(process.arguments ?? []) to exit", timeout: patience(timeout)) {
+                if !process.isRunning { return true }
+                exited = Self.exitStatusWithoutReaping(pid)
+                return exited != nil
+            }
+        } catch {
+            // Say what the kernel sees: still running (and in which call), or a zombie no one reaped.
+            let state = processState(pid).map(String.init) ?? "gone"
+            let channel = (try? String(contentsOfFile: "/proc/\(pid)/wchan", encoding: .utf8)) ?? "?"
+            throw PeerError(description: "peer \(process.arguments ?? []) (pid \(pid)) did not exit within \(patience(timeout)): state \(state), waiting in \(channel)")
+        }
+        return process.isRunning ? exited ?? -1 : process.terminationStatus
+    }
+
+    /// The exit status of child `pid` if it has ended, without reaping it (`waitid` with
+    /// `WNOWAIT`): Foundation's `Process` reaps it, but learns of the end from `SIGCHLD`, and
+    /// with swift-testing's exit tests waiting for their own children in the same process a
+    /// peer was seen a zombie for good while `isRunning` stayed true. A signal's death reads
+    /// as 128 + its number.
+    static func exitStatusWithoutReaping(_ pid: pid_t) -> Int32? {
+        guard let end = childEnd(pid) else { return nil }
+        return end.signalled ? 128 + end.status : end.status
+    }
+
+    /// How child `pid` ended, if it has, without reaping it (see `exitStatusWithoutReaping`):
+    /// its exit status, or the signal that killed it.
+    static func childEnd(_ pid: pid_t) -> (status: Int32, signalled: Bool)? {
+        var info = siginfo_t()
+        guard waitid(P_PID, id_t(pid), &info, WEXITED | WNOWAIT | WNOHANG) == 0,
+              info._sifields._sigchld.si_pid == pid else { return nil }
+        return (info._sifields._sigchld.si_status, info.si_code != Int32(CLD_EXITED))
     }
 
     func kill(_ signal: Int32 = SIGKILL) { Glibc.kill(pid, signal) }
@@ -93,7 +133,8 @@ final class PeerProcess: @unchecked Sendable {
     deinit {
         if process.isRunning {
             Glibc.kill(pid, SIGKILL)
-            process.waitUntilExit()
+            // Not `waitUntilExit()`: it waits for Foundation to learn of the end (see above).
+            try? waitUntil("peer \(pid) to die", timeout: .seconds(10)) { !process.isRunning || Self.childEnd(pid) != nil }
         }
         // Foundation's Process outlives this object (and holds the pipes), so close our ends
         // here, or every peer would leave two descriptors behind.

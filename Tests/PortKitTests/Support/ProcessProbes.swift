@@ -190,12 +190,62 @@ final class SignalStorm: Sendable {
     }
 }
 
-/// Ends an exit test's child process: prints `report` (the parent prints it in turn when it
-/// observes standard output), records each failed check as an issue with the report beside it
-/// (the parent shows the child's issues; a failed exit test's output is not kept), and exits 0
-/// only if none failed. `exit` runs no deinit: the caller removes its directories first.
+/// Makes libdispatch open what it opens once per process (the timer descriptors of each of its
+/// clocks), so that a test counting this process's descriptors does not count them as a leak:
+/// a child process once showed one timerfd more after a thousand loops had come and gone, and
+/// PortKit's loops had all closed theirs (every loop was released). Call it before the count.
+func warmUpDispatchTimers() async {
+    let fired = Locked(0)
+    DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(1)) { fired.withLock { $0 += 1 } }
+    DispatchQueue.global().asyncAfter(wallDeadline: .now() + .milliseconds(1)) { fired.withLock { $0 += 1 } }
+    try? await Task.sleep(for: .milliseconds(2))
+    try? await Task.sleep(until: .now + .milliseconds(2), clock: .suspending)
+    let deadline = PKDeadline.after(.seconds(10))
+    while fired.value < 2 && !deadline.hasPassed { try? await Task.sleep(for: .milliseconds(1)) }
+}
+
+/// Ends an exit test's child process: leaves `report` for the parent to print (in
+/// `exitReportPath`; see `exitTestInTurn`), records each failed check as an issue with the
+/// report beside it (the parent shows the child's issues), and exits 0 only if none failed.
+/// `exit` runs no deinit: the caller removes its directories first.
 func endExitTest(_ report: String, failures: [String]) -> Never {
-    print(report)
+    _ = FileManager.default.createFile(atPath: exitReportPath(parent: getppid()), contents: Data((report + "\n").utf8))
     for failure in failures { Issue.record("\(failure)\n\(report)") }
     exit(failures.isEmpty ? 0 : 1)
+}
+
+/// Where the running exit test's child leaves its report (one exit test runs at a time).
+func exitReportPath(parent: pid_t) -> String { "/tmp/pk-exit-report-\(parent)" }
+
+/// Takes turns among exit tests.
+private actor ExitTestTurns {
+    private var busy = false
+    private var waiting: [CheckedContinuation<Void, Never>] = []
+
+    func enter() async {
+        guard busy else { busy = true; return }
+        await withCheckedContinuation { waiting.append($0) }
+    }
+
+    func leave() {
+        if waiting.isEmpty { busy = false } else { waiting.removeFirst().resume() }
+    }
+}
+
+private let exitTestTurns = ExitTestTurns()
+
+/// Runs `body`, an exit test (`#expect(processExitsWith:)`), when no other is running, then
+/// prints the report its child left (`endExitTest`). swift-testing waits for a child by
+/// reading its back channel (and any output it observes) with blocking reads on Swift
+/// concurrency's threads, two on these machines: two exit tests at once, or one that observes
+/// its output, held both, and async tests starved for tens of seconds. So exit tests take
+/// turns and observe no output; their figures come through the report.
+func exitTestInTurn(_ body: () async -> Void) async {
+    await exitTestTurns.enter()
+    let path = exitReportPath(parent: getpid())
+    unlink(path)
+    await body()
+    if let report = try? String(contentsOfFile: path, encoding: .utf8) { print(report, terminator: "") }
+    unlink(path)
+    await exitTestTurns.leave()
 }

@@ -70,11 +70,41 @@ final class ZMQPeerProcess: @unchecked Sendable {
     /// Closes the peer's standard input.
     func closeInput() { try? stdinPipe.fileHandleForWriting.close() }
 
+    /// Tells a peer that reads its standard input to the end to finish: a newline, then the end
+    /// of input (another test's child may hold the pipe's writing end too, so closing ours is no
+    /// end of input until it exits).
+    func endInput() {
+        let fd = stdinPipe.fileHandleForWriting.fileDescriptor
+        var pfd = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
+        if poll(&pfd, 1, 0) > 0, pfd.revents & Int16(POLLERR | POLLHUP) == 0 {
+            var newline: UInt8 = 10
+            _ = write(fd, &newline, 1)
+        }
+        closeInput()
+    }
+
     /// Waits for the peer to exit; returns its status.
     @discardableResult
     func waitForExit(timeout: Duration = .seconds(20)) throws -> Int32 {
-        try waitUntil("peer \(process.arguments ?? []) to exit", timeout: timeout) { !process.isRunning }
-        return process.terminationStatus
+        var end: (status: Int32, signalled: Bool)?
+        try waitUntil("peer \(process.arguments ?? []) to exit", timeout: timeout) {
+            if !process.isRunning { return true }
+            end = Self.childEnd(pid)
+            return end != nil
+        }
+        guard process.isRunning, let end else { return process.terminationStatus }
+        return end.signalled ? 128 + end.status : end.status
+    }
+
+    /// How child `pid` ended, if it has, without reaping it (`waitid` with `WNOWAIT`):
+    /// Foundation's `Process` reaps it but learns of the end from `SIGCHLD`, and with
+    /// swift-testing's exit tests waiting for their own children in the same process a peer
+    /// was seen a zombie for good while `isRunning` stayed true.
+    static func childEnd(_ pid: pid_t) -> (status: Int32, signalled: Bool)? {
+        var info = siginfo_t()
+        guard waitid(P_PID, id_t(pid), &info, WEXITED | WNOWAIT | WNOHANG) == 0,
+              info._sifields._sigchld.si_pid == pid else { return nil }
+        return (info._sifields._sigchld.si_status, info.si_code != Int32(CLD_EXITED))
     }
 
     func kill(_ signal: Int32 = SIGKILL) { Glibc.kill(pid, signal) }
@@ -82,7 +112,8 @@ final class ZMQPeerProcess: @unchecked Sendable {
     deinit {
         if process.isRunning {
             Glibc.kill(pid, SIGKILL)
-            process.waitUntilExit()
+            // Not `waitUntilExit()`: it waits for Foundation to learn of the end (see `childEnd`).
+            try? waitUntil("peer \(pid) to die", timeout: .seconds(10)) { !process.isRunning || Self.childEnd(pid) != nil }
         }
     }
 }
