@@ -10,6 +10,7 @@ load, so this is the figure to compare between runs.
 
 Kinds (pkbench rt KIND): portkit-threads, c-threads, portkit-processes, c-processes (the
 default), and for profiles portkit-threads-idle1000, portkit-request-threads,
+portkit-request-processes,
 portkit-stream64-threads, portkit-stream64-processes, portkit-spawn.
 
 Writes OUTDIR/callgrind.json and, for PortKit's kinds, OUTDIR/callgrind-profile-KIND.txt: the

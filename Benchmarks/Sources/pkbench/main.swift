@@ -14,6 +14,7 @@
 //                                             callgrind (KIND: portkit-threads, c-threads,
 //                                             portkit-processes, c-processes; for profiles also
 //                                             portkit-threads-idle1000, portkit-request-threads,
+//                                             portkit-request-processes,
 //                                             portkit-stream64-threads (N messages), portkit-spawn)
 //   pkbench memory                            user-space bytes per idle port (JSON)
 //   pkbench foundation rt|stream PLACEMENT    Foundation SocketPort + RunLoop (JSON); may crash
@@ -95,6 +96,7 @@ case "rt":
         case "c-processes": workload = try CUnixSocketRoundTrip(.none)
         case "portkit-threads-idle1000": workload = try PortKitPair(.thread, .roundTrip, .none, idlePorts: 1000)
         case "portkit-request-threads": workload = try PortKitPair(.thread, .request, .none)
+        case "portkit-request-processes": workload = try PortKitPair(.namedProcess, .request, .none)
         case "portkit-stream64-threads": workload = try PortKitPair(.thread, .stream, .none)
         case "portkit-stream64-processes": workload = try PortKitPair(.namedProcess, .stream, .none)
         case "portkit-spawn": workload = try PortKitSpawn(.none)
