@@ -90,6 +90,8 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Connections this thread left bytes pending on during the current pass (coalesced
     /// writes): written before the loop waits or returns.
     @exclusivity(unchecked) var pendingWrites: [SendConnection] = []
+    /// `pendingWrites`' other buffer, swapped in while a flush goes through the first.
+    @exclusivity(unchecked) private var spareWrites: [SendConnection] = []
     /// Connections whose pending bytes the socket would not take: watched for room in every
     /// mode (token `Token.blockedWrite | fd`), flushed when writable.
     @exclusivity(unchecked) var blockedWrites: [Int32: SendConnection] = [:]
@@ -554,11 +556,14 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Writes every connection's pending bytes the sockets take now; a connection whose socket
     /// is full is watched for room and finished when it has some. Loop-only.
     func flushPendingWrites() {
-        let connections = pendingWrites
-        pendingWrites.removeAllKeepingStorage()
+        // Swapped with a spare array, not copied: emptying a shared copy would copy it first.
+        var connections = spareWrites
+        swap(&connections, &pendingWrites)
         for connection in connections where blockedWrites[connection.fd] == nil {
             if connection.flushPendingWithoutWaiting() == .blocked { watchForRoom(connection) }
         }
+        connections.removeAllKeepingStorage()
+        spareWrites = connections
     }
 
     /// Writes `connection`'s pending bytes for a thread that is not running a loop (this is
