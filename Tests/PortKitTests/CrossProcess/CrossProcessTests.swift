@@ -22,7 +22,7 @@ import Foundation
             for id in UInt32(1)...20 {
                 try right.send(PKPortMessage(msgid: id, data: [UInt8](repeating: UInt8(id), count: Int(id)), replyPort: mine.makeSendRight()), timeout: .seconds(5))
             }
-            let deadline = PKDeadline.after(.seconds(10))
+            let deadline = PKDeadline.after(patience(.seconds(10)))
             while answers.count < 20 && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
             // Each reply came over its own connection (a fresh right per message), so only
             // per-connection order is promised: all twenty arrive.
@@ -51,7 +51,7 @@ import Foundation
             let b = try dir.server.lookUp("b")
             let ack = try b.sendRequest(PKPortMessage(msgid: 3, components: [.port(p.makeSendRight())]), sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
             #expect(ack?.msgid == 3)
-            let deadline = PKDeadline.after(.seconds(10))
+            let deadline = PKDeadline.after(patience(.seconds(10)))
             while atC.isEmpty && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
             let passed = try #require(atC.first)
             try passed.send(PKPortMessage(msgid: 77), timeout: .seconds(5))
@@ -126,7 +126,7 @@ import Foundation
             sleepFor(.milliseconds(300))  // let the socket buffer fill
             let killedAt = PKDeadline.now
             flooder.kill(SIGKILL)
-            let deadline = PKDeadline.after(.seconds(10))
+            let deadline = PKDeadline.after(patience(.seconds(10)))
             while died == nil && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
             let noticed = try #require(died)
             #expect(noticed - killedAt < .seconds(2))
@@ -153,7 +153,7 @@ import Foundation
                 let watch = try right.watchInvalidation(on: loop, forMode: .default) { died = .now }
                 let killedAt = PKDeadline.now
                 peer.kill(SIGKILL)
-                let deadline = PKDeadline.after(.seconds(10))
+                let deadline = PKDeadline.after(patience(.seconds(10)))
                 while died == nil && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
                 watch.cancel()
                 _ = try peer.waitForExit()
@@ -184,7 +184,7 @@ import Foundation
             let stranger = try PeerProcess(["as-nobody", dir.path, "guarded"])
             let answer = Locked<String?>(nil)
             let reader = TestThread { answer.value = try? stranger.readLine() }
-            let deadline = PKDeadline.after(.seconds(15))
+            let deadline = PKDeadline.after(patience(.seconds(15)))
             while answer.value == nil && !deadline.hasPassed { loop.run(in: .default, until: .after(.milliseconds(20))) }
             try reader.join()
             #expect(answer.value == "closed")
@@ -223,7 +223,7 @@ import Foundation
             try loop.add(main, forMode: .default)
             try dir.server.register(main, name: "main")
             let peer = try PeerProcess(["checkin-by-name", dir.path, "main", "worker-1"])
-            let deadline = PKDeadline.after(.seconds(20))
+            let deadline = PKDeadline.after(patience(.seconds(20)))
             while workerName == nil && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
             let name = try #require(workerName)
             #expect(name == "worker-1")

@@ -156,7 +156,7 @@ final class TemporaryNameDirectory: Sendable {
             let right = try dir.server.lookUp("greeter")
             try right.send(PKPortMessage(msgid: 5), timeout: .seconds(5))
             // After the greeting timeout the silent ones are gone.
-            let deadline = PKDeadline.after(.seconds(10))
+            let deadline = PKDeadline.after(patience(.seconds(10)))
             while !(silent.allSatisfy { Socket.peerHasHungUp($0) }) && !deadline.hasPassed {
                 loop.run(in: .default, for: .milliseconds(20))
             }

@@ -25,7 +25,7 @@ import Testing
             published.set(port)
             // Do not run the loop until told to.
             try? waitPatiently("go", timeout: .seconds(60)) { go.value }
-            let deadline = PKDeadline.after(.seconds(30))
+            let deadline = PKDeadline.after(patience(.seconds(30)))
             while port.isValid && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
         }
         let port = try published.waitPatiently()

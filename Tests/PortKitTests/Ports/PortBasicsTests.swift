@@ -23,7 +23,7 @@ import Testing
                 for id in UInt32(1)...3 {
                     try? right.send(PKPortMessage(msgid: id, data: Array("hello \(id)".utf8), replyPort: replyPort.makeSendRight()), timeout: .seconds(5))
                 }
-                let deadline = PKDeadline.after(.seconds(10))
+                let deadline = PKDeadline.after(patience(.seconds(10)))
                 while replies.value < 3 && !deadline.hasPassed { loop2.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
                 replyPort.invalidate()
             }
@@ -44,7 +44,7 @@ import Testing
             let carrier = PKReceivePort { message in carried = message.ports.first }
             try loop.add(carrier, forMode: .default)
             try carrier.makeSendRight().send(PKPortMessage(msgid: 1, components: [.port(target.makeSendRight())]), timeout: .seconds(1))
-            let deadline = PKDeadline.after(.seconds(10))
+            let deadline = PKDeadline.after(patience(.seconds(10)))
             while carried == nil && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
             let right = try #require(carried)
             // Forward it once more (a right received in a message travels on).

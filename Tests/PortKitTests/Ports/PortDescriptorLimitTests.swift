@@ -36,7 +36,7 @@ import Testing
             _ = try Socket.send(writeEnd, frame, from: 0, descriptors: extra)
             for fd in extra { Descriptor.close(fd) }
 
-            let deadline = PKDeadline.after(.seconds(10))
+            let deadline = PKDeadline.after(patience(.seconds(10)))
             while !Socket.peerHasHungUp(writeEnd) && !deadline.hasPassed {
                 loop.run(in: .default, for: .milliseconds(10))
             }

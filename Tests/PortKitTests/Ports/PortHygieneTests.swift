@@ -30,13 +30,13 @@ import Testing
                         if let right = try? independentRight(to: port) {
                             try? right.send(PKPortMessage(msgid: UInt32(index), components: [.port(port.makeSendRight())]), timeout: .seconds(5))
                         }
-                        let deadline = PKDeadline.after(.seconds(10))
+                        let deadline = PKDeadline.after(patience(.seconds(10)))
                         while got < 2 && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
                         if got < 2 { outcome.value = "port \(index) got \(got) messages"; return }
                         port.invalidate()
                     }
                     var after = openDescriptorCount()
-                    let deadline = PKDeadline.after(.seconds(20))
+                    let deadline = PKDeadline.after(patience(.seconds(20)))
                     while after != before && !deadline.hasPassed {
                         loop.run(in: .default, until: .after(.milliseconds(5)))
                         after = openDescriptorCount()
@@ -67,7 +67,7 @@ import Testing
             published.set(UncheckedBox((port, loop.descriptor)))
             // The owner's own "event system": it waits for the poller's notices and runs one
             // pass of the loop for each; it never runs the loop any other way.
-            let deadline = PKDeadline.after(.seconds(30))
+            let deadline = PKDeadline.after(patience(.seconds(30)))
             while !finished.value && !deadline.hasPassed {
                 if notices.value > passes.value {
                     loop.runOnePass(in: .default)
@@ -80,7 +80,7 @@ import Testing
         }
         let (port, descriptor) = try published.waitPatiently().value
         let poller = TestThread(name: "poller") {
-            let deadline = PKDeadline.after(.seconds(30))
+            let deadline = PKDeadline.after(patience(.seconds(30)))
             while !finished.value && !deadline.hasPassed {
                 var pfd = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
                 guard poll(&pfd, 1, 50) > 0, pfd.revents & Int16(POLLIN) != 0 else { continue }

@@ -89,7 +89,7 @@ import Testing
             port.onInvalidation = { log.add(currentThreadID == ownerID.value ? "invalidated" : "invalidated elsewhere") }
             try? loop.add(port, forMode: .default)
             rights.set([port.makeSendRight(), (try? independentRight(to: port))].compactMap { $0 })
-            let deadline = PKDeadline.after(.seconds(20))
+            let deadline = PKDeadline.after(patience(.seconds(20)))
             while !release.value && !deadline.hasPassed { loop.run(in: .default, until: .after(.milliseconds(5))) }
             // The thread ends without invalidating the port.
         }

@@ -262,7 +262,7 @@ import Testing
                             }
                             // The server closes its side of each reply connection on its own thread.
                             var after = openDescriptorCount()
-                            let settle = PKDeadline.after(.seconds(10))
+                            let settle = PKDeadline.after(patience(.seconds(10)))
                             while after > before.1 && !settle.hasPassed {
                                 sleepFor(.milliseconds(5))
                                 after = openDescriptorCount()

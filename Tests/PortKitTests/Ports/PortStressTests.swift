@@ -207,7 +207,7 @@ import Foundation
                         }
                     }
                 }
-                try thread.join(timeout: .seconds(30))
+                try thread.join(timeout: patience(.seconds(30)))
                 return waited.value
             }
             stalled.invalidate()

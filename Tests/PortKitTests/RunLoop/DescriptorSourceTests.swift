@@ -298,7 +298,7 @@ extension RunLoopTests {
 /// A host's event loop: waits in poll(2) for `loop.descriptor` (never longer than 5 s) and
 /// runs one pass each time it is readable, until `done`.
 private func host(_ loop: PKRunLoop, _ mode: PKRunLoopMode, _ what: String, until done: () -> Bool) throws {
-    let deadline = PKDeadline.after(.seconds(10))
+    let deadline = PKDeadline.after(patience(.seconds(10)))
     while !done() {
         if deadline.hasPassed { throw TestTimeout(what: what) }
         guard try pollReadable(loop.descriptor, timeoutMilliseconds: 5_000) else {

@@ -163,7 +163,7 @@ extension RunLoopTests {
                                 timers.append(loop.scheduleTimer(after: .seconds(60), forMode: mode) { _ in })
                                 pipe.makeReadable()
                             }
-                            let deadline = PKDeadline.after(.seconds(20))
+                            let deadline = PKDeadline.after(patience(.seconds(20)))
                             while handled < 1_000 && !deadline.hasPassed { loop.run(in: mode, until: .after(.milliseconds(50))) }
                             for (index, source) in descriptors.enumerated() {
                                 // Half leave their mode first; all are invalidated before their pipes close.

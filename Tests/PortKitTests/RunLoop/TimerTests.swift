@@ -126,7 +126,7 @@ extension RunLoopTests {
                     log.append("perform")
                     loop.scheduleTimer(after: .milliseconds(5), forMode: mode) { _ in log.append("timer-from-perform") }
                 }
-                let deadline = PKDeadline.after(.seconds(10))
+                let deadline = PKDeadline.after(patience(.seconds(10)))
                 while log.value.count < 7 && !deadline.hasPassed {
                     loop.run(in: mode, until: .after(.milliseconds(20)))
                 }
