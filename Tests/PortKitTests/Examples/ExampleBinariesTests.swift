@@ -11,8 +11,8 @@ import Testing
 @Suite(.serialized) struct ExampleBinariesTests {
     @Test func checkinMainRunsWorkerThreadsAndProcesses() async throws {
         let names = try PrivateNameDirectory()
-        let result = try await awaitThread(timeout: .seconds(180)) {
-            try ExampleBinary("checkin-main", ["--processes", "2", "--workers", "2"], names: names).waitForExit(timeout: .seconds(120))
+        let result = try await awaitThread(timeout: patience(.seconds(180))) {
+            try ExampleBinary("checkin-main", ["--processes", "2", "--workers", "2"], names: names).waitForExit(timeout: patience(.seconds(120)))
         }
         #expect(result.status == 0, "checkin-main failed: \(result.errors)")
         #expect(result.errors.isEmpty, "\(result.errors)")
@@ -31,14 +31,14 @@ import Testing
     @Test func checkinWorkerStartedByHandChecksInWithAWaitingMain() async throws {
         let names = try PrivateNameDirectory()
         let name = "by-hand-\(getpid())"
-        let (workerPID, workerResult, mainResult) = try await awaitThread(timeout: .seconds(240)) {
+        let (workerPID, workerResult, mainResult) = try await awaitThread(timeout: patience(.seconds(240))) {
             let main = try ExampleBinary(
                 "checkin-main", ["--wait-for-workers", "1", "--processes", "0", "--workers", "1", "--name", name], names: names)
             // checkin-main says what to run; run that (the built checkin-worker) with the same name.
-            try main.readOutput(until: "checkin-worker --name \(name)", timeout: .seconds(60))
+            try main.readOutput(until: "checkin-worker --name \(name)", timeout: patience(.seconds(60)))
             let worker = try ExampleBinary("checkin-worker", ["--name", name], names: names)
-            let workerResult = try worker.waitForExit(timeout: .seconds(120))
-            return (worker.pid, workerResult, try main.waitForExit(timeout: .seconds(60)))
+            let workerResult = try worker.waitForExit(timeout: patience(.seconds(120)))
+            return (worker.pid, workerResult, try main.waitForExit(timeout: patience(.seconds(60))))
         }
         #expect(workerResult.status == 0, "checkin-worker failed: \(workerResult.errors)")
         #expect(mainResult.status == 0, "checkin-main failed: \(mainResult.errors)")
@@ -52,8 +52,8 @@ import Testing
 
     @Test func checkinWorkerWithoutAMainFailsWithOneLine() async throws {
         let names = try PrivateNameDirectory()
-        let result = try await awaitThread(timeout: .seconds(120)) {
-            try ExampleBinary("checkin-worker", ["--name", "nobody-home", "--wait-timeout", "1"], names: names).waitForExit(timeout: .seconds(60))
+        let result = try await awaitThread(timeout: patience(.seconds(120))) {
+            try ExampleBinary("checkin-worker", ["--name", "nobody-home", "--wait-timeout", "1"], names: names).waitForExit(timeout: patience(.seconds(60)))
         }
         #expect(result.status == 1)
         let lines = result.errors.split(separator: "\n")
@@ -138,6 +138,13 @@ private final class ExampleBinary {
     func waitForExit(timeout: Duration) throws -> (status: Int32, output: String, errors: String) {
         let deadline = ContinuousClock.now + timeout
         while stdoutOpen || stderrOpen {
+            // Ended: what it wrote is in the pipes now. (Waiting for the end of output instead
+            // hung under ThreadSanitizer: a program another test spawned meanwhile had inherited
+            // the pipes' writing ends, so the end of output came only when that one exited.)
+            if !process.isRunning || PeerProcess.childEnd(pid) != nil {
+                drainAvailable()
+                break
+            }
             guard ContinuousClock.now < deadline else {
                 kill(pid, SIGKILL)
                 throw failure("did not finish within \(timeout)")
@@ -158,6 +165,22 @@ private final class ExampleBinary {
         let (status, signalled) = process.isRunning ? end! : (process.terminationStatus, process.terminationReason != .exit)
         guard !signalled else { throw failure("died of signal \(status)") }
         return (status, String(decoding: output, as: UTF8.self), String(decoding: errors, as: UTF8.self))
+    }
+
+    /// Reads whatever both outputs hold now, without waiting.
+    private func drainAvailable() {
+        while (stdoutOpen || stderrOpen) && hasInput() { pump(until: ContinuousClock.now) }
+        stdoutOpen = false
+        stderrOpen = false
+    }
+
+    /// Whether either open output has bytes to read (or its end) now.
+    private func hasInput() -> Bool {
+        var fds = [
+            pollfd(fd: stdoutOpen ? stdoutPipe.fileHandleForReading.fileDescriptor : -1, events: Int16(POLLIN), revents: 0),
+            pollfd(fd: stderrOpen ? stderrPipe.fileHandleForReading.fileDescriptor : -1, events: Int16(POLLIN), revents: 0),
+        ]
+        return poll(&fds, 2, 0) > 0
     }
 
     /// Waits up to `deadline` for either output to have something, and reads it.
