@@ -7,10 +7,8 @@
 struct ReadScratch {
     let control: UnsafeMutableRawBufferPointer
     let descriptors: UnsafeMutableBufferPointer<Int32>
-    let maxDescriptors: Int
 
     init(maxDescriptors: Int) {
-        self.maxDescriptors = maxDescriptors
         // Room for one more descriptor than allowed, so an excess shows as "too many", not lost.
         let space = Socket.controlSpace(descriptors: maxDescriptors + 1)
         control = UnsafeMutableRawBufferPointer.allocate(byteCount: space, alignment: 8)

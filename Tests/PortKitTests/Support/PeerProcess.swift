@@ -97,7 +97,7 @@ final class PeerProcess: @unchecked Sendable {
         do {
             try waitUntil("peer \(process.arguments ?? []) to exit", timeout: patience(timeout)) {
                 if !process.isRunning { return true }
-                exited = Self.exitStatusWithoutReaping(pid)
+                exited = Self.childEnd(pid)?.status
                 return exited != nil
             }
         } catch {
@@ -109,18 +109,11 @@ final class PeerProcess: @unchecked Sendable {
         return process.isRunning ? exited ?? -1 : process.terminationStatus
     }
 
-    /// The exit status of child `pid` if it has ended, without reaping it (`waitid` with
-    /// `WNOWAIT`): Foundation's `Process` reaps it, but learns of the end from `SIGCHLD`, and
-    /// with swift-testing's exit tests waiting for their own children in the same process a
-    /// peer was seen a zombie for good while `isRunning` stayed true. A signal's death reads
-    /// as 128 + its number.
-    static func exitStatusWithoutReaping(_ pid: pid_t) -> Int32? {
-        guard let end = childEnd(pid) else { return nil }
-        return end.signalled ? 128 + end.status : end.status
-    }
-
-    /// How child `pid` ended, if it has, without reaping it (see `exitStatusWithoutReaping`):
-    /// its exit status, or the signal that killed it.
+    /// How child `pid` ended, if it has, without reaping it (`waitid` with `WNOWAIT`): its exit
+    /// status, or the signal that killed it (`status` then holds the signal's number, as
+    /// `Process.terminationStatus` does). Foundation's `Process` reaps the child, but learns of
+    /// the end from `SIGCHLD`, and with swift-testing's exit tests waiting for their own children
+    /// in the same process a peer was seen a zombie for good while `isRunning` stayed true.
     static func childEnd(_ pid: pid_t) -> (status: Int32, signalled: Bool)? {
         var info = siginfo_t()
         guard waitid(P_PID, id_t(pid), &info, WEXITED | WNOWAIT | WNOHANG) == 0,

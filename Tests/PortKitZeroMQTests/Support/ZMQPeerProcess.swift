@@ -93,7 +93,7 @@ final class ZMQPeerProcess: @unchecked Sendable {
             return end != nil
         }
         guard process.isRunning, let end else { return process.terminationStatus }
-        return end.signalled ? 128 + end.status : end.status
+        return end.status  // the exit status, or the signal's number, as Foundation gives it
     }
 
     /// How child `pid` ended, if it has, without reaping it (`waitid` with `WNOWAIT`):
