@@ -70,7 +70,7 @@ extension PKReceivePort {
                 guard existing.isValid else { throw PKError(.invalidPort, "cannot send a port: the send right was invalidated") }
                 // Of the same epoch: a right revoked meanwhile yields an invalid one.
                 return PKSendPort(localRight: LocalRight(port: existing.port, epoch: existing.epoch))
-            case .connection:
+            case .connection, .reply:
                 return PKSendPort(connection: SendConnection(takingOwnershipOf: try right.makeTransferDescriptor(before: deadline)))
             }
         }

@@ -60,9 +60,10 @@ extension PKSendPort {
             // The port's death, or this right's own invalidation (which the port reports too).
             let token = right.port.addInvalidationWatcher(loop: loop, mode: mode, handler, right: right)
             return PKInvalidationWatch(port: right.port, token: token)
-        case .connection(let connection):
+        case .connection, .reply:
             // A loop's epoll registers a descriptor once: each watch (several watches, or a
             // watch and a request's, on one right) watches a duplicate of its own.
+            let connection = watchableConnection!
             let descriptor = try Descriptor.duplicate(connection.fd)
             var watch: PKInvalidationWatch?
             let source = PKDescriptorSource(descriptor: descriptor, events: .hangUp, handler: { events in

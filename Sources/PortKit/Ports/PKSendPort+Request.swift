@@ -6,6 +6,12 @@
 // made once. Between two requests the reply port's senders are revoked
 // (`PKReceivePort.revokeSenders()`), so a late answer to one request is refused, never taken
 // for the answer to the next.
+//
+// A request over a connection asks for its answer on that connection's reply channel
+// (protocol.md, REPLY_BACK): no reply connection is made, and the slot keeps its watch on the
+// connection (a duplicate of its descriptor, in the private mode) from one request to the next
+// to the same remote. The slot reads the channel only while one of its requests holds it; a
+// request that finds it held by another thread's request makes a reply connection as before.
 
 extension PKSendPort {
     /// Sends `message` and waits for the reply (`CFMessagePortSendRequest`).
@@ -41,17 +47,24 @@ extension PKSendPort {
         defer { slot.finish(on: loop) }
 
         var request = message
-        request.replyPort = slot.port.makeSendRight()
-        try send(request, before: .after(sendTimeout))
-        request.replyPort = nil
-
-        // Watch the remote port, whether reached through a connection of its own or a local
-        // right (whose port's death closes no connection of ours): its death ends the wait at
-        // once, through a source of the private mode.
-        slot.watch(self, on: loop)
+        if case .connection(let connection) = storage, let token = slot.claimReplyChannel(of: connection, on: loop) {
+            // The answer comes back on this connection (REPLY_BACK); the slot's watch on it
+            // reads the answer and reports the remote's death.
+            request.replyPort = nil
+            try send(request, replyBackToken: token, before: .after(sendTimeout))
+            slot.requestSent()
+        } else {
+            request.replyPort = slot.port.makeSendRight()
+            try send(request, before: .after(sendTimeout))
+            request.replyPort = nil
+            // Watch the remote port, whether reached through a connection of its own or a local
+            // right (whose port's death closes no connection of ours): its death ends the wait at
+            // once, through a source of the private mode.
+            slot.watch(self, on: loop)
+        }
 
         let deadline = PKDeadline.after(receiveTimeout)
-        while slot.reply == nil && !slot.remoteDied && !slot.abandoned {
+        while slot.reply == nil && !slot.remoteDied && !slot.abandoned && slot.channelFailure == nil {
             let result = loop.run(in: slot.mode, until: deadline, returnAfterSourceHandled: true)
             if result == .timedOut || result == .finished { break }
             if result == .stopped { loop.stop() ; break }  // not ours: pass the stop outward
@@ -62,6 +75,9 @@ extension PKSendPort {
         }
         if slot.abandoned {
             throw PKError(.portInvalidated, "the remote port's owner released the reply port without answering")
+        }
+        if let failure = slot.channelFailure {
+            throw PKError(.transport, "the remote port's owner broke the protocol on the reply channel: \(failure)")
         }
         throw PKError(.receiveTimedOut, "no reply arrived within \(receiveTimeout)")
     }
@@ -77,11 +93,17 @@ final class ReplySlot {
     private var generation: UInt64 = 0
     private var inUse = false
     private var watch: PKInvalidationWatch?
+    /// The watch on the last connection asked through its reply channel, kept between requests.
+    private var link: ConnectionLink?
+    /// The current request's hold on a connection's reply channel.
+    private var claim: (connection: SendConnection, reader: ReplyChannelReader, token: UInt16, sent: Bool)?
 
     // The current request's outcome.
     private(set) var reply: PKPortMessage?
     private(set) var remoteDied = false
     private(set) var abandoned = false
+    /// The reply channel broke the protocol (the request fails; the channel is not used again).
+    private(set) var channelFailure: String?
 
     private init(mode: PKRunLoopMode) {
         self.mode = mode
@@ -103,6 +125,7 @@ final class ReplySlot {
         slot.reply = nil
         slot.remoteDied = false
         slot.abandoned = false
+        slot.channelFailure = nil
         loop.requestDepth += 1
         return slot
     }
@@ -129,13 +152,140 @@ final class ReplySlot {
         }
     }
 
+    /// Takes `connection`'s reply channel for the current request and watches it (keeping the
+    /// watch from the previous request when it was on the same connection). Returns the
+    /// request's token, or `nil` when the channel is not available (held by another request,
+    /// broken, or the watch cannot be made): the request then makes a reply connection.
+    func claimReplyChannel(of connection: SendConnection, on loop: PKRunLoop) -> UInt16? {
+        guard let reader = connection.claimReplyChannel() else { return nil }
+        if let link, link.serial != connection.serial { dropLink() }
+        if link == nil {
+            guard let made = try? ConnectionLink(connection, slot: self, on: loop, mode: mode) else {
+                connection.releaseReplyChannel(broken: false)
+                return nil
+            }
+            link = made
+        }
+        link!.watchReplies()
+        let token = reader.nextToken()
+        claim = (connection, reader, token, false)
+        return token
+    }
+
+    /// The request went out: an unanswered end cancels it (REPLY_CANCELLED).
+    func requestSent() { claim?.sent = true }
+
+    /// What the watched connection reported. Loop-only.
+    fileprivate func linkReported(_ events: PKIOEvents, _ link: ConnectionLink, on loop: PKRunLoop) {
+        let hungUp = !events.intersection([.hangUp, .error]).isEmpty
+        guard let claim else {
+            // No request of this slot holds the channel (another thread's request reads it):
+            // stop waking for its bytes; once the connection is gone, stop watching it.
+            if hungUp { dropLink() } else { link.watchHangUpOnly() }
+            return
+        }
+        let outcome = claim.reader.read(link.descriptor, on: loop) { event in
+            switch event {
+            case .message(let message, let token):
+                if token == claim.token && reply == nil { reply = message }
+                // Otherwise a late answer to an earlier request: dropped with its rights.
+            case .noReply(let token):
+                if token == claim.token { abandoned = true }
+            case .attach(let descriptor, let token):
+                if token == claim.token { port.adoptFromAnyThread(descriptor) } else { Descriptor.close(descriptor) }
+            }
+        }
+        switch outcome {
+        case .idle:
+            // A hang-up with nothing more to read: the remote is gone.
+            if hungUp {
+                if reply == nil { remoteDied = true }
+                dropLink()
+            }
+        case .ended:
+            if reply == nil { remoteDied = true }
+            dropLink()
+        case .failed(let failure):
+            if reply == nil { channelFailure = failure }
+            channelBroken = true
+            dropLink()
+        }
+    }
+
+    /// Stops watching the last connection (it is gone, or its channel broke).
+    private func dropLink() {
+        link?.close()
+        link = nil
+    }
+
+    /// The channel broke during the current request: nothing more is said on it, and it is
+    /// not used again.
+    private var channelBroken = false
+
     /// Ends the request: the reply right it sent stops working, and the slot is free again.
     func finish(on loop: PKRunLoop) {
         watch?.cancel()
         watch = nil
+        if let claim {
+            if claim.sent && reply == nil && !abandoned && !remoteDied && !channelBroken {
+                // Unanswered: the right to answer is void from now on (best effort: a full
+                // socket drops the cancel, and the token still tells a late answer apart).
+                try? claim.connection.write(WireFrame.control(.replyCancelled, replyToken: claim.token),
+                                            descriptors: [], before: .now)
+            }
+            claim.connection.releaseReplyChannel(broken: channelBroken)
+            channelBroken = false
+            self.claim = nil
+        }
         port.revokeSenders()
         reply = nil
         inUse = false
         loop.requestDepth -= 1
+    }
+}
+
+/// A reply slot's watch on one connection: a duplicate of its descriptor in the slot's mode,
+/// read while a request of the slot holds the connection's reply channel. Loop-only.
+private final class ConnectionLink {
+    let serial: UInt64
+    let descriptor: Int32
+    private var source: PKDescriptorSource!
+    private var closed = false
+
+    init(_ connection: SendConnection, slot: ReplySlot, on loop: PKRunLoop, mode: PKRunLoopMode) throws(PKError) {
+        serial = connection.serial
+        descriptor = try Descriptor.duplicate(connection.fd)
+        source = PKDescriptorSource(descriptor: descriptor, events: .readable, handler: { [unowned slot, unowned self, unowned loop] events in
+            slot.linkReported(events, self, on: loop)
+        }, cancel: { [unowned self] in
+            // The source left its loop for good (closed, or the thread ended).
+            closeDescriptor()
+        })
+        do throws(PKError) { try loop.add(source, forMode: mode) } catch {
+            source = nil
+            closeDescriptor()
+            throw error
+        }
+    }
+
+    /// Watches for answers (a request of the slot holds the channel).
+    func watchReplies() {
+        if source.events != .readable { source.events = .readable }
+    }
+
+    /// Stops waking for the channel's bytes: another thread's request reads them.
+    func watchHangUpOnly() {
+        if source.events != [.hangUp] { source.events = [.hangUp] }
+    }
+
+    func close() {
+        source?.invalidate()
+        closeDescriptor()
+    }
+
+    private func closeDescriptor() {
+        guard !closed else { return }
+        closed = true
+        Descriptor.close(descriptor)
     }
 }

@@ -22,10 +22,13 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         case local(PKReceivePort)
         /// A right of its own to a port of this process, received in an in-process message.
         case localRight(LocalRight)
+        /// The right to answer one request, on the reply channel of the connection it came in on.
+        case reply(ReplyRight)
     }
     let storage: Storage
 
     init(connection: SendConnection) { self.storage = .connection(connection) }
+    init(reply right: ReplyRight) { self.storage = .reply(right) }
     init(local port: PKReceivePort) { self.storage = .local(port) }
     init(localRight right: LocalRight) { self.storage = .localRight(right) }
 
@@ -37,6 +40,7 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         case .localRight(let right):
             guard !right.wasInvalidated else { throw PKError(.invalidPort, "cannot send a port: the send right was invalidated") }
             return try right.port.makeTransferDescriptor(epoch: right.epoch)
+        case .reply(let right): return try right.makeTransferDescriptor(before: deadline)
         }
     }
 
@@ -56,7 +60,14 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
     /// - Throws: `PKError` with `.sendTimedOut`, `.invalidPort` (the port is or became invalid),
     ///   `.limitExceeded` (the message is over the limits), or `.transport`.
     public func send(_ message: PKPortMessage, before deadline: PKDeadline) throws(PKError) {
+        try send(message, replyBackToken: 0, before: deadline)
+    }
+
+    /// Sends `message`; with a non-zero `replyBackToken` (through a connection only), as request
+    /// `replyBackToken` whose reply port is the connection's reply channel (REPLY_BACK).
+    func send(_ message: PKPortMessage, replyBackToken: UInt16, before deadline: PKDeadline) throws(PKError) {
         let connection: SendConnection
+        var replyRight: ReplyRight?
         switch storage {
         case .local(let port):
             // Within the process, the message is handed over in memory.
@@ -69,6 +80,9 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
             return
         case .connection(let over):
             connection = over
+        case .reply(let right):
+            connection = right.writer
+            replyRight = right
         }
         var components: [WireComponent] = []
         components.reserveCapacity(message.components.count)
@@ -78,9 +92,13 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
             case .port: components.append(.port)
             }
         }
-        let frame = WireFrame(msgid: message.msgid, hasReplyPort: message.replyPort != nil, components: components)
+        let frame = WireFrame(msgid: message.msgid, hasReplyPort: message.replyPort != nil,
+                              repliesBack: replyBackToken != 0,
+                              replyToken: replyRight?.ticket.token ?? replyBackToken, components: components)
         // The sender checks the limits before making anything (the receiver checks them again).
-        do throws(WireError) { try WireEncoder.check(frame, limits: PKPortLimits.default.wire) } catch {
+        do throws(WireError) {
+            try WireEncoder.check(frame, limits: PKPortLimits.default.wire, direction: replyRight == nil ? .toPort : .toRequester)
+        } catch {
             throw PKError(.limitExceeded, "the message is over PortKit's limits: \(error.message)")
         }
         var transfers: [Int32] = []
@@ -91,13 +109,20 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         for case .port(let port) in message.components {
             transfers.append(try port.makeTransferDescriptor(before: deadline))
         }
-        try connection.write(frame, descriptors: transfers, before: deadline)
+        if let replyRight {
+            try replyRight.send(frame, descriptors: transfers, before: deadline)
+        } else {
+            try connection.write(frame, descriptors: transfers, before: deadline)
+        }
     }
 
     /// The descriptor under this right, for watching its hang-up.
     var watchableConnection: SendConnection? {
-        if case .connection(let connection) = storage { return connection }
-        return nil
+        switch storage {
+        case .connection(let connection): connection
+        case .reply(let right): right.writer
+        case .local, .localRight: nil
+        }
     }
 
     /// Sends `message`, waiting at most `timeout` for room in the receiver's queue.
@@ -121,6 +146,7 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         case .connection(let connection): connection.isValid
         case .local(let port): port.isValid
         case .localRight(let right): right.isValid
+        case .reply(let right): right.isValid
         }
     }
 
@@ -133,6 +159,7 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         switch storage {
         case .connection(let connection): connection.invalidate(reason: "the send right was invalidated")
         case .localRight(let right): right.invalidate()
+        case .reply(let right): right.invalidate()
         case .local: break
         }
     }
@@ -142,6 +169,7 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         case .connection(let connection): "PKSendPort(fd \(connection.fd)\(isValid ? "" : ", invalid"))"
         case .local(let port): "PKSendPort(local \(port))"
         case .localRight(let right): "PKSendPort(in-process \(right.port)\(right.isValid ? "" : ", invalid"))"
+        case .reply(let right): "PKSendPort(reply to request \(right.ticket.token) on fd \(right.writer.fd)\(right.isValid ? "" : ", invalid"))"
         }
     }
 
@@ -150,6 +178,7 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         case .connection(let connection): ObjectIdentifier(connection)
         case .local(let port): ObjectIdentifier(port)
         case .localRight(let right): ObjectIdentifier(right)
+        case .reply(let right): ObjectIdentifier(right)
         }
     }
 
@@ -161,6 +190,9 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
 /// happens under `lock`, so one message is never interleaved with another.
 final class SendConnection: @unchecked Sendable {
     let fd: Int32
+    /// Tells this connection from any other, even one made later at the same address.
+    let serial = SendConnection.serials.wrappingAdd(1, ordering: .relaxed).newValue
+    private static let serials = Atomic<UInt64>(0)
     private let lock = PKMutex<State>(State())
 
     struct State {
@@ -181,6 +213,15 @@ final class SendConnection: @unchecked Sendable {
         /// The loop and pass of this connection's last direct write from a running loop.
         var directLoop: ObjectIdentifier?
         var directPass: UInt64 = 0
+        /// The reply channel's reader while no request holds it (made on first use).
+        var replyChannel: ReplyChannelReader?
+        var replyChannelClaimed = false
+        /// The port's owner broke the protocol on the reply channel: requests make reply
+        /// connections of their own from now on.
+        var replyChannelBroken = false
+        /// A request has used the reply channel: other descriptors (a request's watch) may
+        /// share this socket, so the end of the connection is a `shutdown`, not only a `close`.
+        var replyChannelUsed = false
     }
 
     /// Pending bytes past which a send writes them itself, waiting for room.
@@ -195,7 +236,44 @@ final class SendConnection: @unchecked Sendable {
         self.fd = fd
     }
 
-    deinit { Descriptor.close(fd) }
+    deinit {
+        // A requester's loop may still watch a duplicate of the descriptor: the port must see
+        // this sender leave all the same.
+        if lock.withLock({ $0.replyChannelUsed }) { Socket.shutdown(fd) }
+        Descriptor.close(fd)
+    }
+
+    /// Takes the reply channel for one request, or `nil` when another request holds it, it
+    /// broke, or the connection is invalid (the request then makes a reply connection).
+    func claimReplyChannel() -> ReplyChannelReader? {
+        lock.withLock { state in
+            guard !state.replyChannelClaimed, !state.replyChannelBroken, state.invalidReason == nil else { return nil }
+            state.replyChannelClaimed = true
+            state.replyChannelUsed = true
+            if let reader = state.replyChannel { return reader }
+            let reader = ReplyChannelReader()
+            state.replyChannel = reader
+            return reader
+        }
+    }
+
+    /// Gives the reply channel back after a request; `broken`: never to be used again.
+    func releaseReplyChannel(broken: Bool) {
+        lock.withLock { state in
+            state.replyChannelClaimed = false
+            if broken {
+                state.replyChannelBroken = true
+                state.replyChannel = nil
+            }
+        }
+    }
+
+    /// Ends the connection at once, dropping whatever is pending (its reader is gone).
+    func abandon(reason: String) {
+        lock.withLock { state in
+            markInvalid(&state, reason)
+        }
+    }
 
     var isValid: Bool {
         lock.withLock { state in

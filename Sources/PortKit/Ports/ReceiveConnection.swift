@@ -2,6 +2,8 @@
 // of messages read but not yet delivered (bounded by the port's limits: past them reading
 // pauses, while hang-up stays watched).
 
+import Logging
+
 /// A scratch area for `recvmsg`'s control data and the descriptors it carries, one per port,
 /// so that a read allocates nothing.
 struct ReadScratch {
@@ -20,6 +22,31 @@ struct ReadScratch {
         control.deallocate()
         descriptors.deallocate()
     }
+
+    /// One `recvmsg` from `fd` straight into `decoder` (up to `limit` bytes), the descriptors
+    /// appended to its queue. Returns `nil` when the socket would block; otherwise the bytes
+    /// read (0 at the end of the stream) and whether descriptors were lost or over the limit.
+    func receive(_ fd: Int32, into decoder: inout WireDecoder, upTo limit: Int) throws(PKError) -> (count: Int, truncated: Bool)? {
+        var received: [Int32] = []
+        var truncated = false
+        var wouldBlock = false
+        let control = control
+        let descriptorArea = descriptors
+        let count = try decoder.appendBytes(upTo: limit) { buffer throws(PKError) -> Int in
+            switch try Socket.receive(fd, into: buffer, descriptors: descriptorArea, control: control) {
+            case .wouldBlock:
+                wouldBlock = true
+                return 0
+            case .done(let got):
+                received = got.descriptors
+                truncated = got.truncated
+                return got.byteCount
+            }
+        }
+        if wouldBlock { return nil }
+        decoder.append(descriptors: received)
+        return (count, truncated)
+    }
 }
 
 /// Loop-only: a connection is made, read, drained and closed on its port's loop thread, so its
@@ -35,6 +62,11 @@ final class ReceiveConnection {
     private let maxQueuedBytes: Int
     /// Read ends announced by ATTACH_SENDER control frames, for the port to adopt.
     @exclusivity(unchecked) var attached: [Int32] = []
+    /// Writes this connection's reply channel: made for its first REPLY_BACK request.
+    @exclusivity(unchecked) private var replyWriter: SendConnection?
+    /// The latest REPLY_BACK request's answer: voided when the requester cancels it, or makes
+    /// the next request.
+    @exclusivity(unchecked) private var pendingReply: ReplyTicket?
     @exclusivity(unchecked) var hasGreeting = false
     /// Accepted from a named socket: the greeting's claim is checked against SO_PEERCRED.
     let accepted: Bool
@@ -49,6 +81,7 @@ final class ReceiveConnection {
     @exclusivity(unchecked) private var closed = false
 
     static let readChunk = 64 * 1024
+    private static let logger = Logger(label: "PortKit.ReceiveConnection")
 
     enum ReadOutcome {
         case more
@@ -83,6 +116,9 @@ final class ReceiveConnection {
         for fd in attached { Descriptor.close(fd) }
         attached = []
         queue = []
+        pendingReply?.void()
+        replyWriter?.abandon(reason: "the connection the request came in on has ended")
+        replyWriter = nil
         Descriptor.close(fd)
     }
 
@@ -116,29 +152,11 @@ final class ReceiveConnection {
     }
 
     private func readOnceInPlace(into scratch: inout ReadScratch) -> ReadOutcome {
-        var received: [Int32] = []
-        var truncated = false
-        var wouldBlock = false
-        let control = scratch.control
-        let descriptorArea = scratch.descriptors
-        let count: Int
-        do throws(PKError) {
-            count = try decoder.appendBytes(upTo: Self.readChunk) { buffer throws(PKError) -> Int in
-                switch try Socket.receive(fd, into: buffer, descriptors: descriptorArea, control: control) {
-                case .wouldBlock:
-                    wouldBlock = true
-                    return 0
-                case .done(let got):
-                    received = got.descriptors
-                    truncated = got.truncated
-                    return got.byteCount
-                }
-            }
-        } catch {
+        let got: (count: Int, truncated: Bool)?
+        do throws(PKError) { got = try scratch.receive(fd, into: &decoder, upTo: Self.readChunk) } catch {
             return .failed("reading failed: \(error)")
         }
-        if wouldBlock { return .idle }
-        decoder.append(descriptors: received)
+        guard let (count, truncated) = got else { return .idle }
         if truncated {
             return .failed("the peer sent more descriptors than a message may carry, or the kernel truncated them (MSG_CTRUNC)")
         }
@@ -168,12 +186,22 @@ final class ReceiveConnection {
                     return .failed("the greeting claims pid \(greeting.pid) uid \(greeting.uid), but the kernel says pid \(peer.pid) uid \(peer.uid)")
                 }
             case .frame(let frame, let descriptors):
-                if frame.isControl {
-                    // ATTACH_SENDER: the one descriptor is a new sender for this port.
+                switch frame.controlCode {
+                case .attachSender:
+                    // The one descriptor is a new sender for this port.
                     attached.append(contentsOf: descriptors)
                     continue
+                case .replyCancelled:
+                    if let ticket = pendingReply, ticket.token == frame.replyToken { ticket.void() }
+                    continue
+                case .noReply:
+                    continue  // the decoder admits none towards a port
+                case nil:
+                    break
                 }
-                enqueue(Self.message(from: frame, descriptors: descriptors))
+                var message = Self.message(from: frame, descriptors: descriptors)
+                if frame.repliesBack { message.replyPort = replyRight(token: frame.replyToken) }
+                enqueue(message)
             }
         }
         if queue.count - queueHead >= maxQueuedMessages || queuedBytes >= maxQueuedBytes {
@@ -181,6 +209,29 @@ final class ReceiveConnection {
             return .paused
         }
         return .more
+    }
+
+    /// The right to answer request `token`, on this connection's reply channel. `nil` when
+    /// the channel cannot be opened (out of descriptors): the requester then times out.
+    private func replyRight(token: UInt16) -> PKSendPort? {
+        pendingReply?.void()
+        pendingReply = nil
+        if replyWriter == nil {
+            do throws(PKError) {
+                let copy = try Descriptor.duplicate(fd)
+                do throws(PKError) { try ConnectionSetup.writeGreeting(copy) } catch {
+                    Descriptor.close(copy)
+                    throw error
+                }
+                replyWriter = SendConnection(takingOwnershipOf: copy)
+            } catch {
+                Self.logger.warning("cannot open a reply channel; a request goes unanswered: \(error)")
+                return nil
+            }
+        }
+        let ticket = ReplyTicket(token: token)
+        pendingReply = ticket
+        return PKSendPort(reply: ReplyRight(writer: replyWriter!, ticket: ticket))
     }
 
     static func message(from frame: WireFrame, descriptors: [Int32]) -> PKPortMessage {

@@ -39,6 +39,8 @@ struct WireDecoder {
 
     /// The limits every frame is checked against.
     let limits: WireLimits
+    /// Which way the connection's bytes flow: a reply channel carries other frames.
+    let direction: WireDirection
     private var state = State.awaitingGreeting
     private var buffer = WireReadBuffer()
     private var descriptors = WireDescriptorQueue()
@@ -46,8 +48,9 @@ struct WireDecoder {
     private(set) var greeting: WireGreeting?
 
     /// Makes a decoder for a new connection, awaiting its greeting.
-    init(limits: WireLimits = .default) {
+    init(limits: WireLimits = .default, direction: WireDirection = .toPort) {
         self.limits = limits
+        self.direction = direction
     }
 
     /// Where the connection is.
@@ -234,7 +237,7 @@ struct WireDecoder {
             return nil
         }
         let header = buffer.withUnsafeBytes { WireFrameHeader(loadingFrom: $0) }
-        try header.validate(limits: limits)
+        try header.validate(limits: limits, direction: direction)
         if available < header.length {
             try checkDescriptorsAhead(partialFrameClaim: header.descriptorCount)
             return nil
@@ -309,8 +312,8 @@ struct WireDecoder {
                             "frame \(header.msgid) has \(end - offset) bytes after its last component")
         }
         try header.validate(components: components, portCount: portCount)
-        return WireFrame(msgid: header.msgid, isControl: header.isControl,
-                         hasReplyPort: header.hasReplyPort, components: components)
+        return WireFrame(msgid: header.msgid, isControl: header.isControl, hasReplyPort: header.hasReplyPort,
+                         repliesBack: header.repliesBack, replyToken: header.replyToken, components: components)
     }
 
     /// Refuses descriptors that no frame can claim. A write carries at most `maxDescriptors`

@@ -27,6 +27,7 @@ enum WireEncoder {
                      "WireEncoder: \(descriptorCount) descriptors do not fit a u16 count")
         let flags = (frame.hasReplyPort ? WireFormat.replyPortFlag : 0)
             | (frame.isControl ? WireFormat.controlFlag : 0)
+            | (frame.repliesBack ? WireFormat.replyBackFlag : 0)
 
         // Grow once by the frame's size, then write the words and payloads in place: appending
         // word by word went through the generic sequence path for every 8 bytes.
@@ -40,7 +41,8 @@ enum WireEncoder {
                 offset += 8
             }
             put(UInt64(size) | UInt64(frame.msgid) << 32)
-            put(UInt64(frame.components.count) | UInt64(flags) << 16 | UInt64(descriptorCount) << 32)
+            put(UInt64(frame.components.count) | UInt64(flags) << 16 | UInt64(descriptorCount) << 32
+                | UInt64(frame.replyToken) << 48)
             for component in frame.components {
                 switch component {
                 case .data(let bytes):
@@ -72,13 +74,13 @@ enum WireEncoder {
     ///
     /// - Throws: the `WireError` a reader would raise (`.frameTooLong`, `.tooManyComponents`,
     ///   `.tooManyDescriptors`, `.unknownControlCode`, `.malformedControlFrame`).
-    static func check(_ frame: WireFrame, limits: WireLimits) throws(WireError) {
+    static func check(_ frame: WireFrame, limits: WireLimits, direction: WireDirection = .toPort) throws(WireError) {
         if frame.dataByteCount > limits.maxMessageBytes {
             throw WireError(.frameTooLong,
                             "message of \(frame.dataByteCount) data bytes exceeds the limit \(limits.maxMessageBytes)")
         }
         let header = WireFrameHeader(for: frame)
-        try header.validate(limits: limits)
+        try header.validate(limits: limits, direction: direction)
         try header.validate(components: frame.components, portCount: frame.portCount)
     }
 

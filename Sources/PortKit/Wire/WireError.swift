@@ -26,8 +26,14 @@ struct WireError: Error, Equatable, Sendable, CustomStringConvertible {
         case frameTooLong
         /// A frame flag bit this version does not define is set.
         case unknownFrameFlags
-        /// A reserved field of a frame or component header is not 0.
+        /// A reserved field of a component header is not 0, or a frame header's reply token is
+        /// set on a frame that takes none.
         case reservedFieldNotZero
+        /// A frame that needs a reply token (a REPLY_BACK request, REPLY_CANCELLED, anything on
+        /// a reply channel) has none.
+        case replyTokenMissing
+        /// REPLY_BACK with REPLY_PORT or CONTROL, or on a reply channel.
+        case replyBackMisused
         /// The frame has more components than `maxComponents`.
         case tooManyComponents
         /// The frame claims more descriptors than `maxDescriptors`.

@@ -11,7 +11,7 @@ enum WireFormat {
 
     /// Bytes in a greeting: magic, version, flags, pid, uid.
     static let greetingByteCount = 16
-    /// Bytes in a frame header: length, msgid, componentCount, flags, descriptorCount, reserved.
+    /// Bytes in a frame header: length, msgid, componentCount, flags, descriptorCount, replyToken.
     static let frameHeaderByteCount = 16
     /// Bytes in a component header: type, 3 reserved bytes, length.
     static let componentHeaderByteCount = 8
@@ -20,8 +20,11 @@ enum WireFormat {
     static let replyPortFlag: UInt16 = 1 << 0
     /// Frame flag bit 1: `msgid` is a control code (`WireControlCode`), not a message id.
     static let controlFlag: UInt16 = 1 << 1
+    /// Frame flag bit 2: the message's reply port is this connection's reply channel (its other
+    /// direction), and the header's reply token names the request.
+    static let replyBackFlag: UInt16 = 1 << 2
     /// Every frame flag bit this version defines; any other set bit is a protocol error.
-    static let knownFrameFlags: UInt16 = replyPortFlag | controlFlag
+    static let knownFrameFlags: UInt16 = replyPortFlag | controlFlag | replyBackFlag
 
     /// Component type of a data component (`length` payload bytes follow its header).
     static let dataComponentType: UInt8 = 1
@@ -34,6 +37,21 @@ enum WireControlCode: UInt32, Sendable {
     /// The frame's only component is a port: a new sender connection for the receive port that
     /// reads this connection. Used to forward a send right the forwarder does not own.
     case attachSender = 1
+    /// Towards the port: the request named by the reply token has ended unanswered; the right
+    /// to answer it is void. No components.
+    case replyCancelled = 2
+    /// On a reply channel: the right to answer the request named by the reply token was
+    /// released unanswered. No components.
+    case noReply = 3
+}
+
+/// Which way a connection's bytes flow, which decides the frames it may carry.
+enum WireDirection: Sendable {
+    /// From a send right to its receive port: every connection's first direction.
+    case toPort
+    /// A connection's reply channel: from the receive port's owner back to the sender, carrying
+    /// answers to requests made with REPLY_BACK.
+    case toRequester
 }
 
 extension UnsafeRawBufferPointer {

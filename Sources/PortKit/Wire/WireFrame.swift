@@ -18,21 +18,32 @@ struct WireFrame: Equatable, Sendable {
     var isControl: Bool
     /// The first descriptor attached to the frame is the message's reply port.
     var hasReplyPort: Bool
+    /// The message's reply port is the connection's reply channel (REPLY_BACK).
+    var repliesBack: Bool
+    /// The request a REPLY_BACK frame makes, or a reply-channel frame answers; 0 when none.
+    var replyToken: UInt16
     /// The components, in order.
     var components: [WireComponent]
 
     init(msgid: UInt32, isControl: Bool = false, hasReplyPort: Bool = false,
-         components: [WireComponent] = []) {
+         repliesBack: Bool = false, replyToken: UInt16 = 0, components: [WireComponent] = []) {
         self.msgid = msgid
         self.isControl = isControl
         self.hasReplyPort = hasReplyPort
+        self.repliesBack = repliesBack
+        self.replyToken = replyToken
         self.components = components
     }
 
     /// The control frame that hands the receive port a new sender connection: its one port
     /// component is that connection's descriptor.
-    static func attachSender() -> WireFrame {
-        WireFrame(msgid: WireControlCode.attachSender.rawValue, isControl: true, components: [.port])
+    static func attachSender(replyToken: UInt16 = 0) -> WireFrame {
+        WireFrame(msgid: WireControlCode.attachSender.rawValue, isControl: true, replyToken: replyToken, components: [.port])
+    }
+
+    /// A control frame without components (REPLY_CANCELLED, NO_REPLY) for request `token`.
+    static func control(_ code: WireControlCode, replyToken token: UInt16) -> WireFrame {
+        WireFrame(msgid: code.rawValue, isControl: true, replyToken: token)
     }
 
     /// The control code, when this is a control frame with a code this version defines.

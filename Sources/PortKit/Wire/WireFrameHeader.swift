@@ -9,10 +9,11 @@ struct WireFrameHeader: Equatable, Sendable {
     var componentCount: Int
     var flags: UInt16
     var descriptorCount: Int
-    var reserved: UInt16
+    var replyToken: UInt16
 
     var hasReplyPort: Bool { flags & WireFormat.replyPortFlag != 0 }
     var isControl: Bool { flags & WireFormat.controlFlag != 0 }
+    var repliesBack: Bool { flags & WireFormat.replyBackFlag != 0 }
 
     /// Reads a header from the first 16 bytes of `raw`, which must hold them.
     @inline(__always)
@@ -24,7 +25,7 @@ struct WireFrameHeader: Equatable, Sendable {
         componentCount = Int(truncatingIfNeeded: second & 0xFFFF)
         flags = UInt16(truncatingIfNeeded: second >> 16)
         descriptorCount = Int(truncatingIfNeeded: (second >> 32) & 0xFFFF)
-        reserved = UInt16(truncatingIfNeeded: second >> 48)
+        replyToken = UInt16(truncatingIfNeeded: second >> 48)
     }
 
     /// The header `frame` is encoded with.
@@ -34,14 +35,16 @@ struct WireFrameHeader: Equatable, Sendable {
         componentCount = frame.components.count
         flags = (frame.hasReplyPort ? WireFormat.replyPortFlag : 0)
             | (frame.isControl ? WireFormat.controlFlag : 0)
+            | (frame.repliesBack ? WireFormat.replyBackFlag : 0)
         descriptorCount = frame.descriptorCount
-        reserved = 0
+        replyToken = frame.replyToken
     }
 
     /// Checks every rule a header can be checked against on its own: lengths, counts, flags,
-    /// reserved bits, and the fixed shape of a control frame. Run before any byte of the body
-    /// is buffered for it, so nothing is ever allocated for a length that breaks a limit.
-    func validate(limits: WireLimits) throws(WireError) {
+    /// the reply token, and the fixed shape of a control frame, for a frame travelling in
+    /// `direction`. Run before any byte of the body is buffered for it, so nothing is ever
+    /// allocated for a length that breaks a limit.
+    func validate(limits: WireLimits, direction: WireDirection = .toPort) throws(WireError) {
         if length < WireFormat.frameHeaderByteCount {
             throw WireError(.frameTooShort,
                             "frame length \(length) is below the \(WireFormat.frameHeaderByteCount)-byte header")
@@ -66,10 +69,6 @@ struct WireFrameHeader: Equatable, Sendable {
             throw WireError(.unknownFrameFlags,
                             "frame flags 0x\(String(flags, radix: 16)) set undefined bits")
         }
-        if reserved != 0 {
-            throw WireError(.reservedFieldNotZero,
-                            "frame header reserved field is \(reserved), not 0")
-        }
         if descriptorCount > limits.maxDescriptors {
             throw WireError(.tooManyDescriptors,
                             "frame claims \(descriptorCount) descriptors, over the limit \(limits.maxDescriptors)")
@@ -84,8 +83,8 @@ struct WireFrameHeader: Equatable, Sendable {
             guard let code = WireControlCode(rawValue: msgid) else {
                 throw WireError(.unknownControlCode, "unknown control code \(msgid)")
             }
-            switch code {
-            case .attachSender:
+            switch (code, direction) {
+            case (.attachSender, _):
                 let expected = WireFormat.frameHeaderByteCount + WireFormat.componentHeaderByteCount
                 if componentCount != 1 || descriptorCount != 1 || hasReplyPort || length != expected {
                     throw WireError(.malformedControlFrame,
@@ -93,6 +92,43 @@ struct WireFrameHeader: Equatable, Sendable {
                                         + "(got length \(length), \(componentCount) components, "
                                         + "\(descriptorCount) descriptors, reply port \(hasReplyPort))")
                 }
+            case (.replyCancelled, .toPort), (.noReply, .toRequester):
+                if componentCount != 0 || hasReplyPort || length != WireFormat.frameHeaderByteCount {
+                    throw WireError(.malformedControlFrame,
+                                    "control frame \(msgid) must be a bare header "
+                                        + "(got length \(length), \(componentCount) components, reply port \(hasReplyPort))")
+                }
+            case (.replyCancelled, .toRequester), (.noReply, .toPort):
+                throw WireError(.unknownControlCode,
+                                "control code \(msgid) does not travel \(direction == .toPort ? "towards a port" : "on a reply channel")")
+            }
+        }
+        try validateReplyToken(direction)
+    }
+
+    /// The reply token's rules: towards a port, only a REPLY_BACK request (which carries no
+    /// reply port and is no control frame) and REPLY_CANCELLED carry one, and they must; on a
+    /// reply channel every frame does, and REPLY_BACK is not used.
+    private func validateReplyToken(_ direction: WireDirection) throws(WireError) {
+        switch direction {
+        case .toPort:
+            if repliesBack && (hasReplyPort || isControl) {
+                throw WireError(.replyBackMisused, "REPLY_BACK is set with \(isControl ? "CONTROL" : "REPLY_PORT")")
+            }
+            let needsToken = repliesBack || (isControl && msgid == WireControlCode.replyCancelled.rawValue)
+            if needsToken && replyToken == 0 {
+                throw WireError(.replyTokenMissing, "frame \(msgid) names no request: its reply token is 0")
+            }
+            if !needsToken && replyToken != 0 {
+                throw WireError(.reservedFieldNotZero,
+                                "frame header reply token is \(replyToken), not 0, on a frame that makes no request")
+            }
+        case .toRequester:
+            if repliesBack {
+                throw WireError(.replyBackMisused, "REPLY_BACK is set on a reply channel")
+            }
+            if replyToken == 0 {
+                throw WireError(.replyTokenMissing, "frame \(msgid) on a reply channel names no request: its reply token is 0")
             }
         }
     }
@@ -100,9 +136,9 @@ struct WireFrameHeader: Equatable, Sendable {
     /// Checks the rules that need the components: that they are of the shape a control frame
     /// demands, and that the ports plus the reply port are `descriptorCount`.
     func validate(components: [WireComponent], portCount: Int) throws(WireError) {
-        if isControl, components != [.port] {
+        if isControl, components != (msgid == WireControlCode.attachSender.rawValue ? [.port] : []) {
             throw WireError(.malformedControlFrame,
-                            "control frame \(msgid) must carry exactly one port component")
+                            "control frame \(msgid) has components of the wrong shape")
         }
         let claimed = portCount + (hasReplyPort ? 1 : 0)
         if claimed != descriptorCount {

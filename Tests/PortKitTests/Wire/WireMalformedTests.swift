@@ -75,7 +75,7 @@ struct WireMalformedTests {
         #expect(decodeError(writer.bytes, limits: limits)?.kind == .frameTooLong)
     }
 
-    @Test("undefined frame flag bits", arguments: [1 << 2, 1 << 15, 0xFFFF] as [UInt16])
+    @Test("undefined frame flag bits", arguments: [1 << 3, 1 << 15, 0xFFFF] as [UInt16])
     func unknownFlags(flags: UInt16) {
         var writer = ByteWriter()
         writer.frameHeader(length: 16, flags: flags)
@@ -214,7 +214,7 @@ struct WireMalformedTests {
 
     // MARK: Control frames
 
-    @Test("a control frame with an unknown code", arguments: [0, 2, UInt32.max] as [UInt32])
+    @Test("a control frame with an unknown code", arguments: [0, 4, UInt32.max] as [UInt32])
     func unknownControlCode(code: UInt32) {
         var writer = ByteWriter()
         writer.frameHeader(length: 24, msgid: code, componentCount: 1, flags: 2, descriptorCount: 1)

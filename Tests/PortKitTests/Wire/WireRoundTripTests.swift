@@ -149,7 +149,7 @@ struct WireRoundTripTests {
 
     @Test("the encoder's check refuses malformed control frames")
     func checkRefusesBadControlFrames() {
-        let unknown = WireFrame(msgid: 2, isControl: true, components: [.port])
+        let unknown = WireFrame(msgid: 4, isControl: true, components: [.port])
         #expect((#expect(throws: WireError.self) { try WireEncoder.check(unknown, limits: .default) })?.kind
             == .unknownControlCode)
         let withReply = WireFrame(msgid: 1, isControl: true, hasReplyPort: true, components: [.port])

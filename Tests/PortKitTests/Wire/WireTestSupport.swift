@@ -98,8 +98,8 @@ extension WireDecoder {
 /// Feeds `bytes` to a fresh decoder in the given chunk sizes (the rest in one chunk), with all
 /// `descriptors` appended before the first byte.
 func decode(_ bytes: [UInt8], chunks: [Int] = [], descriptors: [Int32] = [],
-            limits: WireLimits = .default) -> DecodeOutcome {
-    var decoder = WireDecoder(limits: limits)
+            limits: WireLimits = .default, direction: WireDirection = .toPort) -> DecodeOutcome {
+    var decoder = WireDecoder(limits: limits, direction: direction)
     decoder.append(descriptors: descriptors)
     var outcome = DecodeOutcome()
     var offset = 0
@@ -156,8 +156,9 @@ func expectSameEvents(_ actual: [WireEvent], _ expected: [WireEvent], _ note: St
 
 /// The error a fresh decoder raises on `bytes` (with a valid greeting prepended when asked).
 func decodeError(_ bytes: [UInt8], prependGreeting: Bool = true, descriptors: [Int32] = [],
-                 limits: WireLimits = .default) -> WireError? {
-    decode((prependGreeting ? encodeStream([]) : []) + bytes, descriptors: descriptors, limits: limits).error
+                 limits: WireLimits = .default, direction: WireDirection = .toPort) -> WireError? {
+    decode((prependGreeting ? encodeStream([]) : []) + bytes, descriptors: descriptors, limits: limits,
+           direction: direction).error
 }
 
 /// The events expected for `frames` after the test greeting, with descriptors numbered from

@@ -1,0 +1,188 @@
+// A connection's reply channel (protocol.md, "Replies on the request's connection"): a socket is
+// two-way, so the answer to a request sent over a connection can come back on that connection
+// instead of on a new one made for the request. The requester reads the channel while it waits
+// (`ReplyChannelReader`); the receive port's owner answers through a `ReplyRight`.
+
+import Synchronization
+
+/// The requester's side of one connection's reply channel: the decoder of what the port's owner
+/// wrote back, and the tokens that tell one request's answer from a late answer to another.
+///
+/// Held by one request at a time (`SendConnection.claimReplyChannel()`), on that request's
+/// thread; the claim hands it from thread to thread under the connection's lock.
+final class ReplyChannelReader: @unchecked Sendable {
+    private var decoder = WireDecoder(limits: PKPortLimits.default.wire, direction: .toRequester)
+    private var scratch = ReadScratch(maxDescriptors: PKPortLimits.default.wire.maxDescriptors)
+    private var lastToken: UInt16 = 0
+
+    deinit {
+        scratch.deallocate()
+        for fd in decoder.takeAllDescriptors() { Descriptor.close(fd) }
+    }
+
+    /// A token for the next request: never 0, and a different one for each of the last 65,535
+    /// requests on this connection.
+    func nextToken() -> UInt16 {
+        lastToken &+= 1
+        if lastToken == 0 { lastToken = 1 }
+        return lastToken
+    }
+
+    /// What the port's owner wrote back.
+    enum Event {
+        /// An answer to request `token`; the receiver owns its rights.
+        case message(PKPortMessage, token: UInt16)
+        /// The right to answer request `token` was released unanswered.
+        case noReply(token: UInt16)
+        /// The right to answer request `token` was passed on: `descriptor` is a new connection to
+        /// the requester's reply port, which must adopt it (or close it).
+        case attach(descriptor: Int32, token: UInt16)
+    }
+
+    /// How a read ended.
+    enum Outcome {
+        /// The socket holds nothing more just now.
+        case idle
+        /// The port's side of the connection is closed.
+        case ended
+        /// The port's owner broke the protocol on the channel: it cannot be read any more.
+        case failed(String)
+    }
+
+    /// Reads everything `fd` (the requester's duplicate of the connection) holds now, handing
+    /// each event to `handle`.
+    func read(_ fd: Int32, on loop: PKRunLoop, _ handle: (Event) -> Void) -> Outcome {
+        // An idle channel keeps no read buffer of its own: it reads into its loop's.
+        var outcome = Outcome.idle
+        loop.withReadStorage { storage in
+            let borrowed = decoder.borrowStorage(&storage)
+            outcome = readAvailable(fd, handle)
+            if borrowed { decoder.reclaimStorage(&storage) }
+        }
+        return outcome
+    }
+
+    private func readAvailable(_ fd: Int32, _ handle: (Event) -> Void) -> Outcome {
+        while true {
+            let got: (count: Int, truncated: Bool)?
+            do throws(PKError) { got = try scratch.receive(fd, into: &decoder, upTo: ReceiveConnection.readChunk) } catch {
+                return .failed("reading the reply channel failed: \(error)")
+            }
+            guard let (count, truncated) = got else { return .idle }
+            if truncated { return .failed("the reply channel carried more descriptors than a message may") }
+            if let failure = decodeAvailable(handle) { return .failed(failure) }
+            if count == 0 { return .ended }
+        }
+    }
+
+    private func decodeAvailable(_ handle: (Event) -> Void) -> String? {
+        while true {
+            let event: WireEvent?
+            do throws(WireError) { event = try decoder.next() } catch { return error.description }
+            guard let event else { return nil }
+            guard case .frame(let frame, let descriptors) = event else { continue }  // the greeting
+            switch frame.controlCode {
+            case .attachSender: handle(.attach(descriptor: descriptors[0], token: frame.replyToken))
+            case .noReply: handle(.noReply(token: frame.replyToken))
+            case .replyCancelled, nil:
+                // The decoder admits no REPLY_CANCELLED on a reply channel: this is a message.
+                handle(.message(ReceiveConnection.message(from: frame, descriptors: descriptors), token: frame.replyToken))
+            }
+        }
+    }
+}
+
+/// The state of one request's answer, shared by the `ReplyRight` that answers it and the
+/// connection it arrived on (which voids it when the requester cancels).
+final class ReplyTicket: Sendable {
+    let token: UInt16
+    private let state = Atomic<UInt8>(ReplyTicket.open)
+
+    static let open: UInt8 = 0
+    static let answering: UInt8 = 1
+    static let answered: UInt8 = 2
+    static let void: UInt8 = 3
+
+    init(token: UInt16) { self.token = token }
+
+    var isOpen: Bool { state.load(ordering: .acquiring) == Self.open }
+
+    /// Takes the right to answer; `false` if it was answered, is being answered, or is void.
+    func beginAnswer() -> Bool {
+        state.compareExchange(expected: Self.open, desired: Self.answering, ordering: .acquiringAndReleasing).exchanged
+    }
+
+    /// The answer went out (`true`), or nothing of it did and the right stays open.
+    func endAnswer(sent: Bool) {
+        state.store(sent ? Self.answered : Self.open, ordering: .releasing)
+    }
+
+    /// Voids the right; returns whether it was open until now.
+    @discardableResult
+    func void() -> Bool {
+        state.compareExchange(expected: Self.open, desired: Self.void, ordering: .acquiringAndReleasing).exchanged
+    }
+}
+
+/// The right to answer one request made with REPLY_BACK: writes on the reply channel of the
+/// connection the request came in on, with the request's token. It answers once; after that,
+/// after the requester gave up (REPLY_CANCELLED), or after `invalidate()`, it is invalid.
+/// Released unanswered, it tells the requester so (NO_REPLY), which ends its wait at once.
+final class ReplyRight: Sendable {
+    let writer: SendConnection
+    let ticket: ReplyTicket
+    /// Passed on to another holder (ATTACH_SENDER on the channel): that holder answers now.
+    private let handedOn = Atomic<Bool>(false)
+
+    init(writer: SendConnection, ticket: ReplyTicket) {
+        self.writer = writer
+        self.ticket = ticket
+    }
+
+    deinit {
+        if !handedOn.load(ordering: .acquiring) { tellNoReply() }
+    }
+
+    var isValid: Bool { ticket.isOpen && writer.isValid }
+
+    /// Sends the answer: the first message sent through the right, and the only one.
+    func send(_ frame: WireFrame, descriptors: [Int32], before deadline: PKDeadline) throws(PKError) {
+        guard ticket.beginAnswer() else {
+            throw PKError(.invalidPort, "cannot send: this reply right was already used, or its request has ended")
+        }
+        do throws(PKError) {
+            try writer.write(frame, descriptors: descriptors, before: deadline)
+        } catch {
+            ticket.endAnswer(sent: error.code != .sendTimedOut)
+            throw error
+        }
+        ticket.endAnswer(sent: true)
+    }
+
+    /// A new connection to the requester's reply port, passed over the reply channel
+    /// (ATTACH_SENDER with the request's token), as a descriptor to attach to a message.
+    func makeTransferDescriptor(before deadline: PKDeadline) throws(PKError) -> Int32 {
+        guard ticket.isOpen else {
+            throw PKError(.invalidPort, "cannot send a port: this reply right was already used, or its request has ended")
+        }
+        let (readEnd, writeEnd) = try Socket.pair()
+        do throws(PKError) {
+            try ConnectionSetup.writeGreeting(writeEnd)
+            defer { Descriptor.close(readEnd) }
+            try writer.write(WireFrame.attachSender(replyToken: ticket.token), descriptors: [readEnd], before: deadline)
+            handedOn.store(true, ordering: .releasing)
+            return writeEnd
+        } catch {
+            Descriptor.close(writeEnd)
+            throw error
+        }
+    }
+
+    /// Gives the right up unanswered: the requester learns at once.
+    func invalidate() { tellNoReply() }
+
+    private func tellNoReply() {
+        guard ticket.void() else { return }
+        try? writer.write(WireFrame.control(.noReply, replyToken: ticket.token), descriptors: [], before: .now)
+    }
+}
