@@ -184,7 +184,8 @@ final class ReplySlot {
             if hungUp { dropLink() } else { link.watchHangUpOnly() }
             return
         }
-        let outcome = claim.reader.read(link.descriptor, on: loop) { event in
+        // After a hang-up, read to the end: an answer written before it still counts.
+        let outcome = claim.reader.read(link.descriptor, on: loop, toTheEnd: hungUp) { event in
             switch event {
             case .message(let message, let token):
                 if token == claim.token && reply == nil { reply = message }

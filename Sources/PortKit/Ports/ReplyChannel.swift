@@ -49,29 +49,32 @@ final class ReplyChannelReader: @unchecked Sendable {
         case failed(String)
     }
 
-    /// Reads everything `fd` (the requester's duplicate of the connection) holds now, handing
-    /// each event to `handle`.
-    func read(_ fd: Int32, on loop: PKRunLoop, _ handle: (Event) -> Void) -> Outcome {
+    /// Reads what `fd` (the requester's duplicate of the connection) holds now, handing each
+    /// event to `handle`. Without `toTheEnd`, a read that did not fill its room is taken to have
+    /// emptied the socket (a system call saved per answer; anything left wakes the loop again);
+    /// with it, reading goes on until the socket would block or ends.
+    func read(_ fd: Int32, on loop: PKRunLoop, toTheEnd: Bool, _ handle: (Event) -> Void) -> Outcome {
         // An idle channel keeps no read buffer of its own: it reads into its loop's.
         var outcome = Outcome.idle
         loop.withReadStorage { storage in
             let borrowed = decoder.borrowStorage(&storage)
-            outcome = readAvailable(fd, handle)
+            outcome = readAvailable(fd, toTheEnd: toTheEnd, handle)
             if borrowed { decoder.reclaimStorage(&storage) }
         }
         return outcome
     }
 
-    private func readAvailable(_ fd: Int32, _ handle: (Event) -> Void) -> Outcome {
+    private func readAvailable(_ fd: Int32, toTheEnd: Bool, _ handle: (Event) -> Void) -> Outcome {
         while true {
-            let got: (count: Int, truncated: Bool)?
+            let got: (count: Int, truncated: Bool, filled: Bool)?
             do throws(PKError) { got = try scratch.receive(fd, into: &decoder, upTo: ReceiveConnection.readChunk) } catch {
                 return .failed("reading the reply channel failed: \(error)")
             }
-            guard let (count, truncated) = got else { return .idle }
+            guard let (count, truncated, filled) = got else { return .idle }
             if truncated { return .failed("the reply channel carried more descriptors than a message may") }
             if let failure = decodeAvailable(handle) { return .failed(failure) }
             if count == 0 { return .ended }
+            if !filled && !toTheEnd { return .idle }
         }
     }
 

@@ -1,0 +1,273 @@
+// Requests over a connection answered on that connection's reply channel (protocol.md 6.1): what
+// the wire carries, a right that answers once, one passed on, two threads sharing a right, the
+// sender's departure still seen by the port, and a reply channel that lies.
+
+import Glibc
+import Testing
+@testable import PortKit
+
+@Suite struct ReplyChannelTests {
+    static func code(of body: () throws -> Void) -> PKError.Code? {
+        do { try body() } catch let error as PKError { return error.code } catch { return nil }
+        return nil
+    }
+
+    /// A reply right answers once: the first message through it is the answer, a second send
+    /// fails with `.invalidPort` and never reaches the requester.
+    @Test func aReplyRightAnswersOnce() throws {
+        let second = Locked<PKError.Code?>(nil)
+        let server = try PortServer { port, _ in
+            port.handler = { message in
+                try? message.replyPort?.send(PKPortMessage(msgid: 10), timeout: .seconds(5))
+                second.value = Self.code { try message.replyPort?.send(PKPortMessage(msgid: 11), timeout: .seconds(5)) }
+            }
+        }
+        let right = try independentRight(to: server.port)
+        let replies = try onPortLoopThread { _ -> [UInt32] in
+            var replies: [UInt32] = []
+            for _ in 0..<3 {
+                replies.append(try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))?.msgid ?? 0)
+            }
+            return replies
+        }
+        #expect(replies == [10, 10, 10])
+        #expect(second.value == .invalidPort)
+        try server.stop()
+    }
+
+    /// The right to answer can be passed on in a message: its new holder answers, through a
+    /// connection the requester adopts (ATTACH_SENDER on the reply channel).
+    @Test func aReplyRightPassedOnIsAnsweredByItsNewHolder() throws {
+        let helper = try PortServer(name: "helper") { port, _ in
+            port.handler = { message in
+                try? message.ports.first?.send(PKPortMessage(msgid: 777, data: message.data ?? []), timeout: .seconds(5))
+            }
+        }
+        let helperRight = try independentRight(to: helper.port)
+        let server = try PortServer { port, _ in
+            port.handler = { message in
+                guard let reply = message.replyPort else { return }
+                try? helperRight.send(PKPortMessage(msgid: 1, components: [.data(message.data ?? []), .port(reply)]), timeout: .seconds(5))
+            }
+        }
+        let right = try independentRight(to: server.port)
+        let replies = try onPortLoopThread { _ -> [PKPortMessage?] in
+            try (0..<3).map { round in
+                try right.sendRequest(PKPortMessage(msgid: 5, data: [UInt8(round)]), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
+            }
+        }
+        #expect(replies.map { $0?.msgid } == [777, 777, 777])
+        #expect(replies.map { $0?.data } == [[0], [1], [2]])
+        try server.stop()
+        try helper.stop()
+    }
+
+    /// Two threads making requests through one right at once each get their own answers: one
+    /// of them holds the reply channel, the other sends a reply port of its own meanwhile.
+    @Test func twoThreadsRequestingThroughOneRightGetTheirOwnAnswers() throws {
+        let server = try PortServer { port, _ in
+            port.handler = { try? $0.replyPort?.send(PKPortMessage(msgid: $0.msgid, data: $0.data ?? []), timeout: .seconds(5)) }
+        }
+        let right = try independentRight(to: server.port)
+        let mismatches = Locked<[String]>([])
+        let threads = (0..<2).map { index in
+            TestThread(name: "requester-\(index)") {
+                let rounds = 300
+                for round in 0..<rounds {
+                    let id = UInt32(index * 100_000 + round)
+                    do {
+                        let reply = try right.sendRequest(PKPortMessage(msgid: id, data: [UInt8(index)]), sendTimeout: .seconds(5),
+                                                          receiveTimeout: patience(.seconds(10)))
+                        if reply?.msgid != id || reply?.data != [UInt8(index)] {
+                            mismatches.withLock { $0.append("request \(id): answer \(String(describing: reply?.msgid))") }
+                        }
+                    } catch {
+                        mismatches.withLock { $0.append("request \(id): \(error)") }
+                        return
+                    }
+                }
+            }
+        }
+        for thread in threads { try thread.joinPatiently(timeout: .seconds(60)) }
+        #expect(mismatches.value.isEmpty, "\(mismatches.value.prefix(5))")
+        try server.stop()
+    }
+
+    /// The requester's loop keeps watching the connection between requests (a duplicate of its
+    /// descriptor), yet dropping the right still ends the connection: the port sees its
+    /// sender leave while the requester's thread lives on.
+    @Test func droppingTheRightEndsTheConnectionThoughItsLoopWatchedIt() throws {
+        let noSenders = Locked(false)
+        let server = try PortServer { port, _ in
+            port.handler = { try? $0.replyPort?.send(PKPortMessage(msgid: 1), timeout: .seconds(5)) }
+            port.onNoSenders = { noSenders.value = true }
+        }
+        let port = server.port
+        try onPortLoopThread { _ in
+            var right: PKSendPort? = try independentRight(to: port)
+            for _ in 0..<3 {
+                _ = try right?.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
+            }
+            right = nil
+            try waitPatiently("the port to see its sender leave") { noSenders.value }
+        }
+        try server.stop()
+    }
+
+    // MARK: - The wire, from a raw port's side
+
+    /// A request's frames on the wire, and what a port's owner may write back: a late answer
+    /// (another token) is dropped and the answer taken; NO_REPLY ends the wait at once; a
+    /// channel that breaks the protocol fails its request with `.transport`, after which the
+    /// right still works and requests send a reply port of their own.
+    @Test func whatTheRequesterMakesOfItsReplyChannel() throws {
+        let pair = try RawPortSide.pair()
+        let right = pair.right
+        let script = TestThread(name: "raw-port") {
+            pair.side.run { side in
+                // 1: a late answer to another request first, then the answer.
+                var (request, _) = try side.nextFrame()
+                try side.expect(request.repliesBack && !request.hasReplyPort && request.replyToken != 0, "request 1: \(request)")
+                var bytes = RawPeer.greeting
+                WireEncoder.append(WireFrame(msgid: 500, replyToken: request.replyToken &+ 100), to: &bytes)
+                WireEncoder.append(WireFrame(msgid: 501, replyToken: request.replyToken), to: &bytes)
+                try side.write(bytes)
+                let first = request.replyToken
+                // 2: NO_REPLY.
+                (request, _) = try side.nextFrame()
+                try side.expect(request.repliesBack && request.replyToken != first, "request 2: \(request)")
+                bytes = []
+                WireEncoder.append(WireFrame.control(.noReply, replyToken: request.replyToken), to: &bytes)
+                try side.write(bytes)
+                // 3: a frame without a token breaks the channel.
+                (request, _) = try side.nextFrame()
+                try side.expect(request.repliesBack, "request 3: \(request)")
+                bytes = []
+                WireEncoder.append(WireFrame(msgid: 503), to: &bytes)
+                try side.write(bytes)
+                // 4: a reply port of its own now; the answer goes there.
+                let descriptors: [Int32]
+                (request, descriptors) = try side.nextFrame()
+                try side.expect(!request.repliesBack && request.hasReplyPort && descriptors.count == 1, "request 4: \(request)")
+                bytes = []  // the connection's maker greeted already (protocol.md 3)
+                WireEncoder.append(WireFrame(msgid: 504), to: &bytes)
+                try side.write(bytes, to: descriptors[0])
+                for fd in descriptors { Descriptor.close(fd) }
+            }
+        }
+        let outcomes = try onPortLoopThread { _ -> [String] in
+            var outcomes: [String] = []
+            for msgid in UInt32(1)...4 {
+                do {
+                    let reply = try right.sendRequest(PKPortMessage(msgid: msgid), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
+                    outcomes.append("reply \(reply?.msgid ?? 0)")
+                } catch let error as PKError {
+                    outcomes.append("\(error.code)")
+                }
+            }
+            return outcomes
+        }
+        try script.joinPatiently()
+        #expect(pair.side.failures.isEmpty, "\(pair.side.failures)")
+        #expect(outcomes == ["reply 501", "portInvalidated", "transport", "reply 504"])
+        pair.side.close()
+    }
+
+    /// A request that ends unanswered says so on the wire (REPLY_CANCELLED with its token), and
+    /// the next request has a token of its own.
+    @Test func anUnansweredRequestIsCancelledOnTheWire() throws {
+        let pair = try RawPortSide.pair()
+        let right = pair.right
+        let script = TestThread(name: "raw-port") {
+            pair.side.run { side in
+                let (request, _) = try side.nextFrame()
+                try side.expect(request.repliesBack && request.replyToken != 0, "request: \(request)")
+                let (cancel, _) = try side.nextFrame()
+                try side.expect(cancel.controlCode == .replyCancelled && cancel.replyToken == request.replyToken, "cancel: \(cancel)")
+                let (next, _) = try side.nextFrame()
+                try side.expect(next.repliesBack && next.replyToken != request.replyToken, "next: \(next)")
+                var bytes = RawPeer.greeting
+                WireEncoder.append(WireFrame(msgid: 9, replyToken: next.replyToken), to: &bytes)
+                try side.write(bytes)
+            }
+        }
+        let outcomes = try onPortLoopThread { _ -> [String] in
+            let first = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .milliseconds(100)) }
+            let second = try right.sendRequest(PKPortMessage(msgid: 2), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
+            return ["\(first.map { "\($0)" } ?? "none")", "reply \(second?.msgid ?? 0)"]
+        }
+        try script.joinPatiently()
+        #expect(pair.side.failures.isEmpty, "\(pair.side.failures)")
+        #expect(outcomes == ["receiveTimedOut", "reply 9"])
+        pair.side.close()
+    }
+}
+
+/// The port's side of a connection, played by a test: reads frames as a receive port would and
+/// writes whatever it likes on the reply channel.
+final class RawPortSide: @unchecked Sendable {
+    let fd: Int32
+    private var decoder = WireDecoder()
+    private var scratch = ReadScratch(maxDescriptors: WireLimits.default.maxDescriptors)
+    private(set) var failures: [String] = []
+    private var closed = false
+
+    struct Failure: Error { let text: String }
+
+    /// A connection whose sender is a PortKit send right and whose port side is a `RawPortSide`.
+    static func pair() throws -> (right: PKSendPort, side: RawPortSide) {
+        let (sender, port) = try Socket.pair()
+        try ConnectionSetup.writeGreeting(sender)
+        return (PKSendPort(connection: SendConnection(takingOwnershipOf: sender)), RawPortSide(fd: port))
+    }
+
+    private init(fd: Int32) { self.fd = fd }
+
+    deinit {
+        close()
+        scratch.deallocate()
+    }
+
+    func close() {
+        guard !closed else { return }
+        closed = true
+        for fd in decoder.takeAllDescriptors() { Descriptor.close(fd) }
+        Descriptor.close(fd)
+    }
+
+    /// Runs a script, recording its failure.
+    func run(_ script: (RawPortSide) throws -> Void) {
+        do { try script(self) } catch { failures.append("\(error)") }
+    }
+
+    func expect(_ condition: Bool, _ what: String) throws {
+        if !condition { throw Failure(text: "unexpected: \(what)") }
+    }
+
+    /// The next frame the sender wrote (after its greeting), waiting at most 10 s (patiently).
+    func nextFrame() throws -> (WireFrame, [Int32]) {
+        let deadline = PKDeadline.after(patience(.seconds(10)))
+        while true {
+            if let event = try decoder.next(), case .frame(let frame, let descriptors) = event { return (frame, descriptors) }
+            var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            if deadline.hasPassed { throw Failure(text: "no frame arrived") }
+            _ = poll(&pfd, 1, 50)
+            guard let got = try scratch.receive(fd, into: &decoder, upTo: 1 << 16) else { continue }
+            if got.count == 0 { throw Failure(text: "the sender closed the connection") }
+        }
+    }
+
+    /// Writes all of `bytes` on `target` (the reply channel unless said otherwise).
+    func write(_ bytes: [UInt8], to target: Int32? = nil) throws {
+        var offset = 0
+        let deadline = PKDeadline.after(patience(.seconds(10)))
+        while offset < bytes.count {
+            switch try Socket.send(target ?? fd, bytes, from: offset, descriptors: []) {
+            case .done(let n): offset += n
+            case .wouldBlock:
+                if deadline.hasPassed { throw Failure(text: "the requester does not read") }
+                sleepFor(.milliseconds(1))
+            }
+        }
+    }
+}
