@@ -86,6 +86,13 @@ struct MakeCorpus {
                                                smallLimits: true, inPlace: true, generated: true)),
             ("control-with-data", input(stream([]) + header(length: 24, msgid: 1, components: 1, flags: 2)
                                             + [1, 0, 0, 0] + le(UInt32(0)))),
+            // Reply channels (protocol.md 6.1): requests towards a port, answers back.
+            ("reply-back-requests", input(stream([WireFrame(msgid: 6, repliesBack: true, replyToken: 1, components: [.data([1])]),
+                                                  .control(.replyCancelled, replyToken: 1),
+                                                  WireFrame(msgid: 6, repliesBack: true, replyToken: 2)]))),
+            ("reply-channel-answers", input(stream([WireFrame(msgid: 6, hasReplyPort: true, replyToken: 1, components: [.port]),
+                                                    .control(.noReply, replyToken: 2), .attachSender(replyToken: 3)]),
+                                            script: [read(20, descriptors: 2), read(nil, descriptors: 1)])),
         ]
         return seeds
     }

@@ -25,6 +25,10 @@
 /// decode(encode(m)) == m for them directly; a frame `WireEncoder.check` refuses must be refused
 /// by a decoder too.
 ///
+/// Raw streams are read twice, as a connection's first direction and as a reply channel;
+/// generated frames three times: as described, each made a REPLY_BACK request, and each an answer
+/// on a reply channel (with tokens).
+///
 /// With no script the stream is one read without descriptors. After each read the decoder is
 /// drained with `next()`; at the end of the stream it is told `finish()`. A protocol error is
 /// fine (that is what a decoder must report for bad bytes); a trap or a broken property is not.
@@ -53,11 +57,30 @@ enum WireFuzzing {
             : WireLimits.default
         let readInPlace = header & 0x80 != 0
         if header & 0x20 != 0 {
-            exerciseEncoded(description: stream, script: script, limits: limits, readInPlace: readInPlace)
+            let described = frames(describedBy: stream)
+            // As described, towards a port; each as a REPLY_BACK request; each as an answer on a
+            // reply channel (tokens from the msgid: one of them 0, which both sides refuse).
+            func token(_ frame: WireFrame) -> UInt16 { UInt16(truncatingIfNeeded: frame.msgid &+ 1) }
+            let variants: [(WireDirection, [WireFrame])] = [
+                (.toPort, described),
+                (.toPort, described.map { var frame = $0; frame.repliesBack = true; frame.replyToken = token(frame); return frame }),
+                (.toRequester, described.map { var frame = $0; frame.replyToken = token(frame); return frame }),
+            ]
+            for (direction, frames) in variants {
+                exerciseEncoded(frames, direction: direction, script: script, limits: limits, readInPlace: readInPlace)
+            }
             return
         }
+        // The same bytes, read as a connection's first direction and as a reply channel.
+        for direction in [WireDirection.toPort, .toRequester] {
+            exerciseRaw(stream, direction: direction, script: script, limits: limits, readInPlace: readInPlace)
+        }
+    }
 
-        var decoder = WireDecoder(limits: limits)
+    /// The raw mode: `stream` read in the script's chunks, with its fake descriptors.
+    private static func exerciseRaw(_ stream: UnsafeRawBufferPointer, direction: WireDirection, script: UnsafeRawBufferPointer,
+                                    limits: WireLimits, readInPlace: Bool) {
+        var decoder = WireDecoder(limits: limits, direction: direction)
         var appended: [Int32] = []
         var handedOut: [Int32] = []
         var firstError: WireError?
@@ -84,7 +107,7 @@ enum WireFuzzing {
                 while let event = try decoder.next() {
                     precondition(firstError == nil, "WireFuzzing: a failed decoder produced \(event)")
                     let frameEnd = streamEnd - decoder.bufferedByteCount
-                    check(event, endingAt: frameEnd, in: stream, limits: limits)
+                    check(event, endingAt: frameEnd, in: stream, limits: limits, direction: direction)
                     if case .frame(_, let descriptors) = event { handedOut += descriptors }
                 }
             } catch {
@@ -130,18 +153,18 @@ enum WireFuzzing {
     /// `WireEncoder.check` refuses is refused by a decoder too, and that the others, encoded
     /// after a greeting and read in the script's chunk sizes with each frame's descriptors
     /// arriving with its first byte, decode to exactly themselves: decode(encode(m)) == m.
-    private static func exerciseEncoded(description: UnsafeRawBufferPointer, script: UnsafeRawBufferPointer,
+    private static func exerciseEncoded(_ frames: [WireFrame], direction: WireDirection, script: UnsafeRawBufferPointer,
                                         limits: WireLimits, readInPlace: Bool) {
         var bytes: [UInt8] = []
         WireEncoder.appendGreeting(.current(pid: 7, uid: 8), to: &bytes)
         var expected: [WireEvent] = [.greeting(.current(pid: 7, uid: 8))]
         var starts: [(offset: Int, descriptors: [Int32])] = []
         var nextDescriptor: Int32 = 1000
-        for frame in frames(describedBy: description) {
+        for frame in frames {
             do {
-                try WireEncoder.check(frame, limits: limits)
+                try WireEncoder.check(frame, limits: limits, direction: direction)
             } catch {
-                var refused = WireDecoder(limits: limits)
+                var refused = WireDecoder(limits: limits, direction: direction)
                 refused.append(descriptors: (0..<Int32(frame.descriptorCount)).map { 1000 + $0 })
                 var single = bytes.prefix(WireFormat.greetingByteCount).map { $0 }
                 WireEncoder.append(frame, to: &single)
@@ -165,7 +188,7 @@ enum WireFuzzing {
             WireEncoder.append(frame, to: &bytes)
         }
 
-        var decoder = WireDecoder(limits: limits)
+        var decoder = WireDecoder(limits: limits, direction: direction)
         var events: [WireEvent] = []
         var offset = 0
         var step = 0
@@ -186,7 +209,8 @@ enum WireFuzzing {
                 offset += size
                 do {
                     while let event = try decoder.next() {
-                        check(event, endingAt: offset - decoder.bufferedByteCount, in: stream, limits: limits)
+                        check(event, endingAt: offset - decoder.bufferedByteCount, in: stream, limits: limits,
+                              direction: direction)
                         events.append(event)
                     }
                 } catch {
@@ -249,7 +273,7 @@ enum WireFuzzing {
 
     /// Checks one event the decoder produced from the bytes of `stream` that end at `end`.
     private static func check(_ event: WireEvent, endingAt end: Int,
-                              in stream: UnsafeRawBufferPointer, limits: WireLimits) {
+                              in stream: UnsafeRawBufferPointer, limits: WireLimits, direction: WireDirection) {
         var encoded: [UInt8] = []
         var expectedDescriptors: [Int32] = []
         var expected: [WireEvent] = []
@@ -264,7 +288,7 @@ enum WireFuzzing {
                          "WireFuzzing: frame \(frame.msgid) came with \(descriptors.count) descriptors, "
                              + "not \(frame.descriptorCount)")
             do {
-                try WireEncoder.check(frame, limits: limits)
+                try WireEncoder.check(frame, limits: limits, direction: direction)
             } catch {
                 preconditionFailure("WireFuzzing: the decoder accepted a frame the encoder refuses: \(error)")
             }
@@ -283,7 +307,7 @@ enum WireFuzzing {
                      "WireFuzzing: \(event) re-encodes to other bytes than it was decoded from")
 
         // Round trip through a fresh decoder.
-        var fresh = WireDecoder(limits: limits)
+        var fresh = WireDecoder(limits: limits, direction: direction)
         fresh.append(descriptors: expectedDescriptors)
         encoded.withUnsafeBytes { fresh.append(bytes: $0) }
         var events: [WireEvent] = []
