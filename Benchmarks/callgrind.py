@@ -158,7 +158,10 @@ def main():
             results[kind] = {"error": str(error)[:500]}
             print(f"  {kind}: {error}", file=sys.stderr)
     json.dump(results, open(os.path.join(outdir, "callgrind.json"), "w"), indent=1)
-    shutil.rmtree(workdir, ignore_errors=True)
+    if "--keep" in sys.argv:  # the raw callgrind.out files, for callgrind_annotate --tree=both
+        print(f"callgrind.py: raw outputs kept in {workdir}", file=sys.stderr)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

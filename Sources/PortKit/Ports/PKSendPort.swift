@@ -84,14 +84,16 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
             connection = right.writer
             replyRight = right
         }
-        var components: [WireComponent] = []
-        components.reserveCapacity(message.components.count)
-        for component in message.components {
+        func wire(_ component: PKPortComponent) -> WireComponent {
             switch component {
-            case .data(let bytes): components.append(.data(bytes))
-            case .port: components.append(.port)
+            case .data(let bytes): .data(bytes)
+            case .port: .port
             }
         }
+        // One component (the usual message) as an array literal: allocated at its size, where
+        // `reserveCapacity` on an empty array takes the generic growth path (~200 instructions).
+        let components: [WireComponent] = message.components.count == 1
+            ? [wire(message.components[0])] : message.components.map(wire)
         let frame = WireFrame(msgid: message.msgid, hasReplyPort: message.replyPort != nil,
                               repliesBack: replyBackToken != 0,
                               replyToken: replyRight?.ticket.token ?? replyBackToken, components: components)

@@ -238,19 +238,36 @@ final class ReceiveConnection {
     }
 
     static func message(from frame: WireFrame, descriptors: [Int32]) -> PKPortMessage {
-        var next = descriptors.makeIterator()
-        let reply = frame.hasReplyPort ? next.next().map { PKSendPort(connection: SendConnection(takingOwnershipOf: $0)) } : nil
-        var components: [PKPortComponent] = []
-        components.reserveCapacity(frame.components.count)
-        for component in frame.components {
-            switch component {
-            case .data(let bytes): components.append(.data(bytes))
-            case .port:
-                // The decoder guarantees one descriptor per port component.
-                components.append(.port(PKSendPort(connection: SendConnection(takingOwnershipOf: next.next()!))))
-            }
+        var next = 0
+        let reply = frame.hasReplyPort ? right(descriptors, &next) : nil
+        // One component (the usual message) as an array literal: allocated at its size, where
+        // `reserveCapacity` on an empty array takes the generic growth path (~200 instructions).
+        let components: [PKPortComponent]
+        if frame.components.count == 1 {
+            components = [component(frame.components[0], descriptors, &next)]
+        } else {
+            var all: [PKPortComponent] = []
+            all.reserveCapacity(frame.components.count)
+            for wire in frame.components { all.append(component(wire, descriptors, &next)) }
+            components = all
         }
         return PKPortMessage(msgid: frame.msgid, components: components, replyPort: reply)
+    }
+
+    /// A message's component; a port takes the next of the frame's descriptors (the decoder
+    /// guarantees one per port component).
+    @inline(__always)
+    private static func component(_ wire: WireComponent, _ descriptors: [Int32], _ next: inout Int) -> PKPortComponent {
+        switch wire {
+        case .data(let bytes): .data(bytes)
+        case .port: .port(right(descriptors, &next))
+        }
+    }
+
+    @inline(__always)
+    private static func right(_ descriptors: [Int32], _ next: inout Int) -> PKSendPort {
+        defer { next += 1 }
+        return PKSendPort(connection: SendConnection(takingOwnershipOf: descriptors[next]))
     }
 
     private func enqueue(_ message: PKPortMessage) {

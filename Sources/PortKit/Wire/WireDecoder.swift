@@ -260,52 +260,22 @@ struct WireDecoder {
     private static func decodeBody(
         of header: WireFrameHeader, from raw: UnsafeRawBufferPointer
     ) throws(WireError) -> WireFrame {
-        var components: [WireComponent] = []
-        components.reserveCapacity(header.componentCount)
         var portCount = 0
         var offset = WireFormat.frameHeaderByteCount
         let end = header.length
-        for index in 0..<header.componentCount {
-            if end - offset < WireFormat.componentHeaderByteCount {
-                throw WireError(.componentsExceedFrame,
-                                "component \(index) of frame \(header.msgid) starts past the frame's end")
+        let components: [WireComponent]
+        switch header.componentCount {
+        case 0: components = []
+        // One component (the usual message) as an array literal: allocated at its size, where
+        // `reserveCapacity` on an empty array takes the generic growth path (~200 instructions).
+        case 1: components = [try component(0, of: header, from: raw, offset: &offset, portCount: &portCount)]
+        default:
+            var all: [WireComponent] = []
+            all.reserveCapacity(header.componentCount)
+            for index in 0..<header.componentCount {
+                all.append(try component(index, of: header, from: raw, offset: &offset, portCount: &portCount))
             }
-            let word = raw.loadLittleEndian(UInt64.self, at: offset)
-            let type = UInt8(truncatingIfNeeded: word)
-            let reserved = (word >> 8) & 0xFF_FFFF
-            let length = Int(truncatingIfNeeded: word >> 32)
-            offset += WireFormat.componentHeaderByteCount
-            if reserved != 0 {
-                throw WireError(.reservedFieldNotZero,
-                                "component \(index) of frame \(header.msgid) has reserved bytes "
-                                    + "0x\(String(reserved, radix: 16))")
-            }
-            switch type {
-            case WireFormat.dataComponentType:
-                if length > end - offset {
-                    throw WireError(.componentsExceedFrame,
-                                    "data component \(index) of \(length) bytes runs \(length - (end - offset)) "
-                                        + "bytes past the end of frame \(header.msgid)")
-                }
-                // `Array(_:)` of a typed buffer allocates in code specialized here and copies with
-                // one `memcpy` (in debug builds too); the `unsafeUninitializedCapacity`
-                // initializer goes through the standard library's unspecialized allocation, which
-                // looks the storage type up at run time (about 700 instructions a message).
-                // The read buffer is `[UInt8]` storage, so its memory is bound to `UInt8`.
-                components.append(.data(length == 0 ? [] : Array(UnsafeBufferPointer(
-                    start: (raw.baseAddress! + offset).assumingMemoryBound(to: UInt8.self), count: length))))
-                offset += length
-            case WireFormat.portComponentType:
-                if length != 0 {
-                    throw WireError(.portComponentHasLength,
-                                    "port component \(index) of frame \(header.msgid) has length \(length), not 0")
-                }
-                components.append(.port)
-                portCount += 1
-            default:
-                throw WireError(.unknownComponentType,
-                                "component \(index) of frame \(header.msgid) has unknown type \(type)")
-            }
+            components = all
         }
         if offset != end {
             throw WireError(.componentsShortOfFrame,
@@ -314,6 +284,56 @@ struct WireDecoder {
         try header.validate(components: components, portCount: portCount)
         return WireFrame(msgid: header.msgid, isControl: header.isControl, hasReplyPort: header.hasReplyPort,
                          repliesBack: header.repliesBack, replyToken: header.replyToken, components: components)
+    }
+
+    /// Decodes component `index` of a frame at `offset` (moved past it), counting ports in
+    /// `portCount`. Its own function with `inout` parameters: a nested function capturing them
+    /// would have their accesses checked at run time.
+    @inline(__always)
+    private static func component(
+        _ index: Int, of header: WireFrameHeader, from raw: UnsafeRawBufferPointer, offset: inout Int, portCount: inout Int
+    ) throws(WireError) -> WireComponent {
+        let end = header.length
+        if end - offset < WireFormat.componentHeaderByteCount {
+            throw WireError(.componentsExceedFrame,
+                            "component \(index) of frame \(header.msgid) starts past the frame's end")
+        }
+        let word = raw.loadLittleEndian(UInt64.self, at: offset)
+        let type = UInt8(truncatingIfNeeded: word)
+        let reserved = (word >> 8) & 0xFF_FFFF
+        let length = Int(truncatingIfNeeded: word >> 32)
+        offset += WireFormat.componentHeaderByteCount
+        if reserved != 0 {
+            throw WireError(.reservedFieldNotZero,
+                            "component \(index) of frame \(header.msgid) has reserved bytes "
+                                + "0x\(String(reserved, radix: 16))")
+        }
+        switch type {
+        case WireFormat.dataComponentType:
+            if length > end - offset {
+                throw WireError(.componentsExceedFrame,
+                                "data component \(index) of \(length) bytes runs \(length - (end - offset)) "
+                                    + "bytes past the end of frame \(header.msgid)")
+            }
+            // `Array(_:)` of a typed buffer allocates in code specialized here and copies with
+            // one `memcpy` (in debug builds too); the `unsafeUninitializedCapacity`
+            // initializer goes through the standard library's unspecialized allocation, which
+            // looks the storage type up at run time (about 700 instructions a message).
+            // The read buffer is `[UInt8]` storage, so its memory is bound to `UInt8`.
+            defer { offset += length }
+            return .data(length == 0 ? [] : Array(UnsafeBufferPointer(
+                start: (raw.baseAddress! + offset).assumingMemoryBound(to: UInt8.self), count: length)))
+        case WireFormat.portComponentType:
+            if length != 0 {
+                throw WireError(.portComponentHasLength,
+                                "port component \(index) of frame \(header.msgid) has length \(length), not 0")
+            }
+            portCount += 1
+            return .port
+        default:
+            throw WireError(.unknownComponentType,
+                            "component \(index) of frame \(header.msgid) has unknown type \(type)")
+        }
     }
 
     /// Refuses descriptors that no frame can claim. A write carries at most `maxDescriptors`
