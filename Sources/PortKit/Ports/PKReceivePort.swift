@@ -79,6 +79,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     // Loop-only state.
     @exclusivity(unchecked) private var modes: [PKRunLoopMode] = []
     @exclusivity(unchecked) private var connections: [ObjectIdentifier: ReceiveConnection] = [:]
+    /// Connections with messages to deliver, in the order they had them: a delivery visits these
+    /// rather than every connection (a port may have thousands of idle senders).
+    @exclusivity(unchecked) private var ready: [ReceiveConnection] = []
     @exclusivity(unchecked) private(set) var adopter: PKCustomSource!
     /// Messages taken from the mailbox, not yet delivered.
     @exclusivity(unchecked) private var localQueue: [PKPortMessage] = []
@@ -567,7 +570,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     }
 
     private func handle(_ events: PKIOEvents, on connection: ReceiveConnection) {
-        guard connections[ObjectIdentifier(connection)] != nil else { return }
+        guard !connection.isClosed else { return }  // dropped (every dropped connection is closed)
         if connection.readingPaused {
             // Back-pressure: the queue is full. A hang-up is remembered by no longer watching;
             // reading resumes (and finds the end of the stream) once the queue drains.
@@ -589,6 +592,10 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             armGreetingTimer(loop)
         }
         if !connection.failed { adoptAttachedSenders(connection) }
+        if connection.hasQueuedMessages && !connection.isListedReady {
+            connection.isListedReady = true
+            ready.append(connection)
+        }
         deliverQueuedMessages()
         if connection.finished || connection.failed {
             if !connection.hasQueuedMessages {
@@ -640,17 +647,32 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
                     adopter.signal(waking: loop)
                 }
             }
-            for connection in connections.values where connection.hasQueuedMessages {
-                guard let message = connection.dequeue() else { continue }
+            // One message per connection per round, so that one busy sender cannot hold up
+            // the others; a connection leaves the list once it has nothing more.
+            var index = 0
+            while index < ready.count {
+                let connection = ready[index]
+                guard let message = connection.dequeue() else {
+                    ready.remove(at: index)
+                    connection.isListedReady = false
+                    connectionDrained(connection)
+                    continue
+                }
+                index += 1
                 progressed = true
+                if connection.readingPaused { connection.resumeIfDrained() }
                 handler(message)
                 if !isValid { return }
             }
         }
-        for connection in Array(connections.values) {
-            connection.resumeIfDrained()
-            if (connection.finished || connection.failed) && !connection.hasQueuedMessages { drop(connection) }
-        }
+    }
+
+    /// A connection's queue is empty: reading resumes if it had paused, and a connection that
+    /// ended (its end seen while a handler held up its last messages) goes.
+    private func connectionDrained(_ connection: ReceiveConnection) {
+        guard !connection.isClosed else { return }  // dropped meanwhile (revoked, or the port invalidated)
+        connection.resumeIfDrained()
+        if connection.finished || connection.failed { drop(connection) }
     }
 
     private func drop(_ connection: ReceiveConnection) {

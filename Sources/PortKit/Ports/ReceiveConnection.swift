@@ -82,6 +82,10 @@ final class ReceiveConnection {
     /// The peer broke the protocol: deliver what arrived before, then drop.
     @exclusivity(unchecked) var failed = false
     @exclusivity(unchecked) private var closed = false
+    /// Closed: dropped by its port, which reads it no more.
+    var isClosed: Bool { closed }
+    /// In its port's list of connections with messages to deliver.
+    @exclusivity(unchecked) var isListedReady = false
 
     static let readChunk = 64 * 1024
     private static let logger = Logger(label: "PortKit.ReceiveConnection")
