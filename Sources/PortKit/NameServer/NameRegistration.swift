@@ -14,7 +14,9 @@ final class NameRegistration {
     private var listener: PKDescriptorSource?
     /// Resumes accepting after descriptors ran out.
     private var resumeTimer: PKTimer?
-    private weak var port: PKReceivePort?
+    /// The port, while its loop keeps it (no weak reference: see `PKReceivePort.anchor`).
+    private let anchor: PortAnchor
+    private var port: PKReceivePort? { anchor.port }
     private(set) var isActive = true
 
     /// Registers `name` for `port`, whose loop is the calling thread's. Loop-only.
@@ -43,7 +45,7 @@ final class NameRegistration {
         self.name = name
         self.directory = directory
         self.lockFD = lockFD
-        self.port = port
+        self.anchor = port.anchor
         let source = PKDescriptorSource(descriptor: listenFD, events: .readable) { [weak self] _ in
             self?.acceptWaiting()
         }

@@ -62,6 +62,25 @@ final class TemporaryNameDirectory: Sendable {
         }
     }
 
+    /// A name unregistered while its port is out of every mode leaves nothing in the port that
+    /// breaks its return to the loop (its listener was invalidated then, not detached).
+    @Test func unregisteringWhileThePortIsUnscheduledThenSchedulingAgain() throws {
+        let dir = TemporaryNameDirectory()
+        try onLoopThread { loop in
+            var received: [UInt32] = []
+            let port = PKReceivePort { received.append($0.msgid) }
+            try loop.add(port, forMode: .default)
+            try dir.server.register(port, name: "away")
+            loop.remove(port, forMode: .default)
+            try dir.server.unregister(name: "away")
+            try loop.add(port, forMode: .default)
+            #expect { _ = try dir.server.lookUp("away") } throws: { ($0 as? PKError)?.code == .nameNotFound }
+            try port.makeSendRight().send(PKPortMessage(msgid: 4), timeout: .seconds(5))
+            try runLoop(loop, "the message") { received == [4] }
+            port.invalidate()
+        }
+    }
+
     @Test(arguments: ["", ".hidden", "has space", "slash/name", String(repeating: "x", count: 65), "ünicode"])
     func badNamesAreRejected(name: String) throws {
         let dir = TemporaryNameDirectory()
