@@ -16,11 +16,15 @@
 extension PKSendPort {
     /// Sends `message` and waits for the reply (`CFMessagePortSendRequest`).
     ///
-    /// The message goes out with a reply port private to this request. While waiting, the
-    /// calling thread's run loop runs in a private mode that holds only that reply port and a
-    /// watch on this port, so the caller's other handlers do not fire. The first message that
-    /// arrives on the reply port is the reply; once the request returns, the reply right it
-    /// sent is invalid, and an answer sent through it later fails with `.invalidPort`.
+    /// The message goes out with a reply port private to this request: through a right with a
+    /// connection of its own (received in a message, looked up by name, a worker process's
+    /// port), that is the connection's reply channel, so the answer comes back on the socket the
+    /// request went out on (protocol.md 6.1); otherwise a reply port of the loop's. While
+    /// waiting, the calling thread's run loop runs in a private mode that holds only that reply
+    /// port and a watch on this port, so the caller's other handlers do not fire. The first
+    /// message that arrives for the request is the reply; once the request returns, the reply
+    /// right it sent is invalid, and an answer sent through it later fails with `.invalidPort`
+    /// (or, racing the request's end, is discarded by the requester).
     ///
     /// - Parameters:
     ///   - message: the request; its `replyPort` is replaced by the private reply port.
