@@ -290,6 +290,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         mailboxDeferred = false
         let closing = connections.values
         connections = [:]
+        for connection in ready { connection.isListedReady = false }
+        ready.removeAll()
         for connection in closing { connection.close() }
     }
 
@@ -538,6 +540,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         greetingTimer = nil
         let closing = connections.values
         connections = [:]
+        for connection in ready { connection.isListedReady = false }
+        ready.removeAll()
         for connection in closing { connection.close() }
         if let loop = runLoop, loop.isOwnedByCurrentThread {
             for mode in modes { loop.remove(adopter, forMode: mode) }

@@ -238,6 +238,7 @@ final class ReplySlot {
                 try? claim.connection.write(WireFrame.control(.replyCancelled, replyToken: claim.token),
                                             descriptors: [], before: .now)
             }
+            if !claim.sent { claim.reader.giveBack(claim.token) }
             claim.connection.releaseReplyChannel(broken: channelBroken)
             channelBroken = false
             self.claim = nil

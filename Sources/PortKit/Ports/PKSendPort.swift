@@ -270,9 +270,13 @@ final class SendConnection: @unchecked Sendable {
         }
     }
 
-    /// Ends the connection at once, dropping whatever is pending (its reader is gone).
+    /// Ends the connection without waiting: what is pending goes out if the socket takes it
+    /// now (an answer written earlier in the same pass), the rest is dropped.
     func abandon(reason: String) {
         lock.withLock { state in
+            if !state.pending.isEmpty && state.invalidReason == nil {
+                _ = try? flushLocked(&state, until: .distantPast, failOnTimeout: false)
+            }
             markInvalid(&state, reason)
         }
     }
@@ -561,10 +565,10 @@ final class SendConnection: @unchecked Sendable {
     /// (and closes, after sending) the returned descriptor.
     func makeTransferDescriptor(before deadline: PKDeadline) throws(PKError) -> Int32 {
         let (readEnd, writeEnd) = try Socket.pair()
+        defer { Descriptor.close(readEnd) }
         do throws(PKError) {
             try ConnectionSetup.writeGreeting(writeEnd)
             // Ask the port's owner to adopt the read end, in order on this connection.
-            defer { Descriptor.close(readEnd) }
             try write(WireFrame.attachSender(), descriptors: [readEnd], before: deadline)
             return writeEnd
         } catch {

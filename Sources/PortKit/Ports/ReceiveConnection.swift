@@ -25,13 +25,11 @@ struct ReadScratch {
 
     /// One `recvmsg` from `fd` straight into `decoder` (up to `limit` bytes), the descriptors
     /// appended to its queue. Returns `nil` when the socket would block; otherwise the bytes
-    /// read (0 at the end of the stream), whether descriptors were lost or over the limit, and
-    /// whether the read filled the room it had (if not, the socket most likely holds no more).
-    func receive(_ fd: Int32, into decoder: inout WireDecoder, upTo limit: Int) throws(PKError) -> (count: Int, truncated: Bool, filled: Bool)? {
+    /// read (0 at the end of the stream) and whether descriptors were lost or over the limit.
+    func receive(_ fd: Int32, into decoder: inout WireDecoder, upTo limit: Int) throws(PKError) -> (count: Int, truncated: Bool)? {
         var received: [Int32] = []
         var truncated = false
         var wouldBlock = false
-        var filled = false
         let control = control
         let descriptorArea = descriptors
         let count = try decoder.appendBytes(upTo: limit) { buffer throws(PKError) -> Int in
@@ -42,13 +40,12 @@ struct ReadScratch {
             case .done(let got):
                 received = got.descriptors
                 truncated = got.truncated
-                filled = got.byteCount == buffer.count
                 return got.byteCount
             }
         }
         if wouldBlock { return nil }
         decoder.append(descriptors: received)
-        return (count, truncated, filled)
+        return (count, truncated)
     }
 }
 
@@ -122,8 +119,10 @@ final class ReceiveConnection {
         for fd in decoder.takeAllDescriptors() { Descriptor.close(fd) }
         for fd in attached { Descriptor.close(fd) }
         attached = []
-        queue = []
+        // The right to answer goes first, so that the rights in undelivered messages released
+        // next say nothing on a channel that is ending.
         pendingReply?.void()
+        queue = []
         replyWriter?.abandon(reason: "the connection the request came in on has ended")
         replyWriter = nil
         Descriptor.close(fd)
@@ -159,11 +158,11 @@ final class ReceiveConnection {
     }
 
     private func readOnceInPlace(into scratch: inout ReadScratch) -> ReadOutcome {
-        let got: (count: Int, truncated: Bool, filled: Bool)?
+        let got: (count: Int, truncated: Bool)?
         do throws(PKError) { got = try scratch.receive(fd, into: &decoder, upTo: Self.readChunk) } catch {
             return .failed("reading failed: \(error)")
         }
-        guard let (count, truncated, _) = got else { return .idle }
+        guard let (count, truncated) = got else { return .idle }
         if truncated {
             return .failed("the peer sent more descriptors than a message may carry, or the kernel truncated them (MSG_CTRUNC)")
         }

@@ -28,6 +28,12 @@ final class ReplyChannelReader: @unchecked Sendable {
         return lastToken
     }
 
+    /// Takes back the token of a request that never went out (its send failed), so that
+    /// failed sends do not wear the tokens round to one an unread answer still carries.
+    func giveBack(_ token: UInt16) {
+        if token == lastToken { lastToken &-= 1 }
+    }
+
     /// What the port's owner wrote back.
     enum Event {
         /// An answer to request `token`; the receiver owns its rights.
@@ -49,10 +55,10 @@ final class ReplyChannelReader: @unchecked Sendable {
         case failed(String)
     }
 
-    /// Reads what `fd` (the requester's duplicate of the connection) holds now, handing each
-    /// event to `handle`. Without `toTheEnd`, a read that did not fill its room is taken to have
-    /// emptied the socket (a system call saved per answer; anything left wakes the loop again);
-    /// with it, reading goes on until the socket would block or ends.
+    /// Reads what `fd` (the requester's duplicate of the connection) holds, handing each event
+    /// to `handle`: one read (what is left wakes the loop again: epoll is level-triggered), or,
+    /// with `toTheEnd` (after a hang-up, when what is left is finite), every read until the
+    /// socket would block or ends.
     func read(_ fd: Int32, on loop: PKRunLoop, toTheEnd: Bool, _ handle: (Event) -> Void) -> Outcome {
         // An idle channel keeps no read buffer of its own: it reads into its loop's.
         var outcome = Outcome.idle
@@ -66,15 +72,19 @@ final class ReplyChannelReader: @unchecked Sendable {
 
     private func readAvailable(_ fd: Int32, toTheEnd: Bool, _ handle: (Event) -> Void) -> Outcome {
         while true {
-            let got: (count: Int, truncated: Bool, filled: Bool)?
+            let got: (count: Int, truncated: Bool)?
             do throws(PKError) { got = try scratch.receive(fd, into: &decoder, upTo: ReceiveConnection.readChunk) } catch {
+                // A reset (the port's side closed with our request unread) is its end.
+                if Socket.isPeerGone(error.errno) { return .ended }
                 return .failed("reading the reply channel failed: \(error)")
             }
-            guard let (count, truncated, filled) = got else { return .idle }
+            guard let (count, truncated) = got else { return .idle }
             if truncated { return .failed("the reply channel carried more descriptors than a message may") }
             if let failure = decodeAvailable(handle) { return .failed(failure) }
             if count == 0 { return .ended }
-            if !filled && !toTheEnd { return .idle }
+            // Once per wake-up, as a port reads its connections: a peer that keeps the socket
+            // full must not hold the loop past the request's deadline (the loop comes back).
+            if !toTheEnd { return .idle }
         }
     }
 
@@ -110,20 +120,32 @@ final class ReplyTicket: Sendable {
 
     var isOpen: Bool { state.load(ordering: .acquiring) == Self.open }
 
+    /// Set by `void()` whatever the state: an answer under way when the right was voided does
+    /// not reopen it if nothing of it went out.
+    private let voided = Atomic<Bool>(false)
+
     /// Takes the right to answer; `false` if it was answered, is being answered, or is void.
     func beginAnswer() -> Bool {
         state.compareExchange(expected: Self.open, desired: Self.answering, ordering: .acquiringAndReleasing).exchanged
     }
 
-    /// The answer went out (`true`), or nothing of it did and the right stays open.
+    /// The answer went out (`true`), or nothing of it did and the right stays open (unless it
+    /// was voided meanwhile).
     func endAnswer(sent: Bool) {
-        state.store(sent ? Self.answered : Self.open, ordering: .releasing)
+        if sent {
+            state.store(Self.answered, ordering: .releasing)
+        } else {
+            state.store(voided.load(ordering: .acquiring) ? Self.void : Self.open, ordering: .releasing)
+            // A `void()` between the load and the store found `answering` and left it: look again.
+            if voided.load(ordering: .acquiring) { state.store(Self.void, ordering: .releasing) }
+        }
     }
 
-    /// Voids the right; returns whether it was open until now.
+    /// Voids the right; returns whether it was open until now (an answer under way finishes).
     @discardableResult
     func void() -> Bool {
-        state.compareExchange(expected: Self.open, desired: Self.void, ordering: .acquiringAndReleasing).exchanged
+        voided.store(true, ordering: .releasing)
+        return state.compareExchange(expected: Self.open, desired: Self.void, ordering: .acquiringAndReleasing).exchanged
     }
 }
 
@@ -169,9 +191,9 @@ final class ReplyRight: Sendable {
             throw PKError(.invalidPort, "cannot send a port: this reply right was already used, or its request has ended")
         }
         let (readEnd, writeEnd) = try Socket.pair()
+        defer { Descriptor.close(readEnd) }
         do throws(PKError) {
             try ConnectionSetup.writeGreeting(writeEnd)
-            defer { Descriptor.close(readEnd) }
             try writer.write(WireFrame.attachSender(replyToken: ticket.token), descriptors: [readEnd], before: deadline)
             handedOn.store(true, ordering: .releasing)
             return writeEnd
@@ -181,8 +203,11 @@ final class ReplyRight: Sendable {
         }
     }
 
-    /// Gives the right up unanswered: the requester learns at once.
-    func invalidate() { tellNoReply() }
+    /// Gives the right up unanswered: the requester learns at once, unless the right was passed
+    /// on (its new holder may still answer).
+    func invalidate() {
+        if handedOn.load(ordering: .acquiring) { ticket.void() } else { tellNoReply() }
+    }
 
     private func tellNoReply() {
         guard ticket.void() else { return }

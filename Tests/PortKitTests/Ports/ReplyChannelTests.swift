@@ -203,6 +203,132 @@ import Testing
     }
 }
 
+extension ReplyChannelTests {
+    /// A port side that closes with the request unread resets the connection (ECONNRESET, not
+    /// EOF): the remote is gone (`.portInvalidated`), not a liar (`.transport`).
+    @Test func aPortThatClosesWithTheRequestUnreadIsGoneNotBroken() throws {
+        let pair = try RawPortSide.pair()
+        let right = pair.right
+        let script = TestThread(name: "raw-port") {
+            pair.side.run { side in
+                // The greeting and the request's 16-byte frame, unread.
+                try side.waitForUnread(WireFormat.greetingByteCount + WireFormat.frameHeaderByteCount)
+                side.close()
+            }
+        }
+        let outcome = try onPortLoopThread { _ -> String in
+            do {
+                _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
+                return "answered"
+            } catch let error as PKError { return "\(error.code): \(error)" } catch { return "\(error)" }
+        }
+        try script.joinPatiently()
+        #expect(pair.side.failures.isEmpty, "\(pair.side.failures)")
+        #expect(outcome.hasPrefix("portInvalidated"), "\(outcome)")
+    }
+
+    /// A port side that floods the reply channel with answers to other requests cannot hold the
+    /// requester past its receive timeout.
+    @Test func aFloodOfLateAnswersDoesNotHoldARequestPastItsTimeout() throws {
+        let pair = try RawPortSide.pair()
+        let right = pair.right
+        let done = Locked(false)
+        let script = TestThread(name: "raw-port") {
+            pair.side.run { side in
+                let (request, _) = try side.nextFrame()
+                var bytes = RawPeer.greeting
+                let stale = WireFrame(msgid: 9, replyToken: request.replyToken &+ 1, components: [.data([UInt8](repeating: 7, count: 1000))])
+                for _ in 0..<60 { WireEncoder.append(stale, to: &bytes) }
+                try side.write(bytes)
+                bytes = []
+                for _ in 0..<60 { WireEncoder.append(stale, to: &bytes) }
+                let deadline = PKDeadline.after(patience(.seconds(20)))
+                while !done.value && !deadline.hasPassed { try side.writeWhileRead(bytes, until: { done.value }) }
+            }
+        }
+        let code = try onPortLoopThread { _ in
+            Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .milliseconds(300)) }
+        }
+        done.value = true
+        try script.joinPatiently()
+        #expect(pair.side.failures.isEmpty, "\(pair.side.failures)")
+        #expect(code == .receiveTimedOut)
+    }
+
+    /// A request whose send fails gives its token back: the next request that goes out carries
+    /// the token after the last one that went out.
+    @Test func aRequestThatNeverWentOutGivesItsTokenBack() throws {
+        let pair = try RawPortSide.pair()
+        let right = pair.right
+        let tokens = Locked<[UInt16]>([])
+        let script = TestThread(name: "raw-port") {
+            pair.side.run { side in
+                for _ in 0..<2 {
+                    let (request, _) = try side.nextFrame()
+                    tokens.withLock { $0.append(request.replyToken) }
+                    var bytes = tokens.value.count == 1 ? RawPeer.greeting : []
+                    WireEncoder.append(WireFrame(msgid: 3, replyToken: request.replyToken), to: &bytes)
+                    try side.write(bytes)
+                }
+            }
+        }
+        let failures = try onPortLoopThread { _ -> [PKError.Code?] in
+            _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
+            let tooBig = PKPortMessage(msgid: 2, components: Array(repeating: .data([]), count: PKPortLimits.default.wire.maxComponents + 1))
+            let failed = (0..<3).map { _ in
+                Self.code { _ = try right.sendRequest(tooBig, sendTimeout: .seconds(5), receiveTimeout: .seconds(1)) }
+            }
+            _ = try right.sendRequest(PKPortMessage(msgid: 3), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
+            return failed
+        }
+        try script.joinPatiently()
+        #expect(pair.side.failures.isEmpty, "\(pair.side.failures)")
+        #expect(failures == [.limitExceeded, .limitExceeded, .limitExceeded])
+        #expect(tokens.value.count == 2 && tokens.value[1] == tokens.value[0] &+ 1, "tokens \(tokens.value)")
+    }
+
+    /// A reply right's state: voided while an answer is under way, it does not reopen when
+    /// nothing of the answer went out.
+    @Test func aTicketVoidedDuringAnAnswerStaysVoid() {
+        let ticket = ReplyTicket(token: 1)
+        #expect(ticket.beginAnswer())
+        #expect(!ticket.void())  // under way: the answer may still go out
+        ticket.endAnswer(sent: false)
+        #expect(!ticket.isOpen)
+        #expect(!ticket.beginAnswer())
+    }
+
+    /// A right passed on and then invalidated by its first holder leaves the answer to the new
+    /// holder: no NO_REPLY ends the request early.
+    @Test func invalidatingAReplyRightAfterPassingItOnLeavesTheAnswerToItsNewHolder() throws {
+        let release = Locked(false)
+        let helper = try PortServer(name: "helper") { port, _ in
+            port.handler = { message in
+                // Answers only once the first holder has invalidated its copy.
+                let deadline = PKDeadline.after(patience(.seconds(10)))
+                while !release.value && !deadline.hasPassed { sleepFor(.milliseconds(1)) }
+                try? message.ports.first?.send(PKPortMessage(msgid: 778), timeout: .seconds(5))
+            }
+        }
+        let helperRight = try independentRight(to: helper.port)
+        let server = try PortServer { port, _ in
+            port.handler = { message in
+                guard let reply = message.replyPort else { return }
+                try? helperRight.send(PKPortMessage(msgid: 1, components: [.port(reply)]), timeout: .seconds(5))
+                reply.invalidate()
+                release.value = true
+            }
+        }
+        let right = try independentRight(to: server.port)
+        let reply = try onPortLoopThread { _ in
+            try right.sendRequest(PKPortMessage(msgid: 5), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
+        }
+        #expect(reply?.msgid == 778)
+        try server.stop()
+        try helper.stop()
+    }
+}
+
 /// The port's side of a connection, played by a test: reads frames as a receive port would and
 /// writes whatever it likes on the reply channel.
 final class RawPortSide: @unchecked Sendable {
@@ -254,6 +380,27 @@ final class RawPortSide: @unchecked Sendable {
             _ = poll(&pfd, 1, 50)
             guard let got = try scratch.receive(fd, into: &decoder, upTo: 1 << 16) else { continue }
             if got.count == 0 { throw Failure(text: "the sender closed the connection") }
+        }
+    }
+
+    /// Waits (patiently) until the socket holds at least `count` unread bytes, reading none.
+    func waitForUnread(_ count: Int) throws {
+        let deadline = PKDeadline.after(patience(.seconds(10)))
+        var peek = [UInt8](repeating: 0, count: count)
+        while recv(fd, &peek, count, Int32(MSG_PEEK | MSG_DONTWAIT)) < count {
+            if deadline.hasPassed { throw Failure(text: "fewer than \(count) bytes arrived") }
+            sleepFor(.milliseconds(1))
+        }
+    }
+
+    /// Writes `bytes` as the requester reads them, until `stop()` holds.
+    func writeWhileRead(_ bytes: [UInt8], until stop: () -> Bool) throws {
+        var offset = 0
+        while offset < bytes.count && !stop() {
+            switch try Socket.send(fd, bytes, from: offset, descriptors: []) {
+            case .done(let n): offset += n
+            case .wouldBlock: sleepFor(.microseconds(100))
+            }
         }
     }
 
