@@ -24,7 +24,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// The limits the port enforces on what it receives.
     public let limits: PKPortLimits
 
-    /// Called on the loop's thread with each message (`handlePortMessage:`).
+    /// Called on the loop's thread with each message (`handlePortMessage:`). Released when the
+    /// port is invalidated (with `onInvalidation` and `onNoSenders`), so a handler may capture
+    /// its own port.
     @exclusivity(unchecked) public var handler: (PKPortMessage) -> Void
 
     /// Called once on the loop's thread when the port becomes invalid.
@@ -551,6 +553,10 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         let callback = onInvalidation
         onInvalidation = nil
         onNoSenders = nil
+        // The handler goes too, so that one that captures its own port (the guide's handlers
+        // often do) does not keep the port alive once it is invalid. A handler running now (it
+        // invalidated its port) is held by its caller until it returns.
+        handler = { _ in }
         callback?()
     }
 

@@ -19,6 +19,24 @@ import Testing
     /// Invalidated on its own thread (here from its handler): `onInvalidation` runs once, there;
     /// no handler runs afterwards; local and independent rights become invalid and a send
     /// through them fails with `.invalidPort`.
+    /// A handler that captures its own port (as the guide's often do) does not keep the port
+    /// alive once it is invalidated: invalidation releases the handler, and the loop lets go.
+    @Test func anInvalidatedPortWhoseHandlerCapturesItIsReleased() throws {
+        let released = try onPortLoopThread { loop -> Bool in
+            weak var watched: PKReceivePort?
+            do {
+                let port = PKReceivePort()
+                port.handler = { message in if message.msgid == 9 { port.invalidate() } }
+                try loop.add(port, forMode: .default)
+                watched = port
+                try port.makeSendRight().send(PKPortMessage(msgid: 9), timeout: .seconds(5))
+                try runLoop(loop, "the port's invalidation") { !port.isValid }
+            }
+            return watched == nil
+        }
+        #expect(released)
+    }
+
     @Test func explicitInvalidationOnTheOwningThread() throws {
         try onPortLoopThread { loop in
             let log = Log()
