@@ -40,14 +40,14 @@ import Testing
     @Test func aReplyRightPassedOnIsAnsweredByItsNewHolder() throws {
         let helper = try PortServer(name: "helper") { port, _ in
             port.handler = { message in
-                try? message.ports.first?.send(PKPortMessage(msgid: 777, data: message.data ?? []), timeout: .seconds(5))
+                try? message.ports.first?.send(PKPortMessage(msgid: 777, data: message.data), timeout: .seconds(5))
             }
         }
         let helperRight = try independentRight(to: helper.port)
         let server = try PortServer { port, _ in
             port.handler = { message in
                 guard let reply = message.replyPort else { return }
-                try? helperRight.send(PKPortMessage(msgid: 1, components: [.data(message.data ?? []), .port(reply)]), timeout: .seconds(5))
+                try? helperRight.send(PKPortMessage(msgid: 1, components: [.data(message.data), .port(reply)]), timeout: .seconds(5))
             }
         }
         let right = try independentRight(to: server.port)
@@ -66,7 +66,7 @@ import Testing
     /// of them holds the reply channel, the other sends a reply port of its own meanwhile.
     @Test func twoThreadsRequestingThroughOneRightGetTheirOwnAnswers() throws {
         let server = try PortServer { port, _ in
-            port.handler = { try? $0.replyPort?.send(PKPortMessage(msgid: $0.msgid, data: $0.data ?? []), timeout: .seconds(5)) }
+            port.handler = { try? $0.replyPort?.send(PKPortMessage(msgid: $0.msgid, data: $0.data), timeout: .seconds(5)) }
         }
         let right = try independentRight(to: server.port)
         let mismatches = Locked<[String]>([])
