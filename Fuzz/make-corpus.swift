@@ -164,16 +164,20 @@ struct MakeCorpus {
         ]
     }
 
-    /// ZMQFuzzing's seeds: frames, each a length byte (bit 7: the last of its message) and its bytes.
+    /// ZMQFuzzing's seeds: frames, each a length byte (bit 7: the last of its message) and its
+    /// bytes. A PortKit message (protocol.md 10.2, version 2) is one frame; the multipart seeds
+    /// are what a confused or hostile peer sends.
     static func zmqSeeds() -> [(String, [UInt8])] {
         func le64(_ value: UInt64) -> [UInt8] { withUnsafeBytes(of: value.littleEndian) { Array($0) } }
         func header(msgid: UInt32, count: UInt16, reply: Bool = false, destination: UInt64 = 0,
-                    magic: [UInt8] = Array("PKZM".utf8), version: UInt16 = 1) -> [UInt8] {
+                    magic: [UInt8] = Array("PKZM".utf8), version: UInt16 = 2) -> [UInt8] {
             magic + le(version) + le(UInt16(reply ? 1 : 0)) + le(msgid) + le(count) + le(UInt16(0)) + le64(destination)
         }
-        func port(_ id: UInt64, _ endpoint: String) -> [UInt8] { [2] + le64(id) + Array(endpoint.utf8) }
-        func data(_ bytes: [UInt8]) -> [UInt8] { [1] + bytes }
-        /// One message: its frames, the last one marked as the end.
+        func port(_ id: UInt64, _ endpoint: String) -> [UInt8] {
+            [2] + le64(id) + le(UInt16(endpoint.utf8.count)) + Array(endpoint.utf8)
+        }
+        func data(_ bytes: [UInt8]) -> [UInt8] { [1] + le(UInt32(bytes.count)) + bytes }
+        /// One message of several frames, the last one marked as the end.
         func message(_ frames: [[UInt8]]) -> [UInt8] {
             var bytes: [UInt8] = []
             for (index, frame) in frames.enumerated() {
@@ -187,39 +191,47 @@ struct MakeCorpus {
             }
             return bytes
         }
+        /// One message as PortKit sends it: its parts in one frame.
+        func one(_ parts: [[UInt8]]) -> [UInt8] { message([parts.flatMap { $0 }]) }
         let me = port(42, "tcp://127.0.0.1:6000")
         func op(_ op: UInt8, _ operand: Int) -> UInt8 { op | UInt8(operand) << 2 }
         return [
-            ("protocol-example", [0] + message([header(msgid: 7, count: 1, reply: true), data(Array("hi".utf8)),
-                                                port(9, "tcp://127.0.0.1:5556")])),
-            ("empty-message", [0] + message([header(msgid: 1, count: 0)])),
-            ("ports-and-data", [0] + message([header(msgid: 3, count: 3, destination: 5), data([]), port(1, "ipc://@x"),
-                                              data(Array(repeating: 0xAB, count: 200))])),
-            ("name-register", [0] + message([header(msgid: 1, count: 2, reply: true), data(Array("svc".utf8)),
-                                             port(0, "tcp://127.0.0.1:5556"), me])),
-            ("name-lookup", [0] + message([header(msgid: 2, count: 1, reply: true), data(Array("svc".utf8)), me])),
-            ("name-unregister", [0] + message([header(msgid: 3, count: 2, reply: true), data(Array("svc".utf8)),
-                                               port(0, "ipc:///tmp/portkit-1000/svc"), me])),
-            ("name-reply-ok-with-port", [0] + message([header(msgid: 2, count: 2, destination: 42), data([0]),
-                                                       port(0, "tcp://127.0.0.1:5556")])),
-            ("name-reply-in-use", [0] + message([header(msgid: 1, count: 1, destination: 42), data([1])])),
-            ("name-reply-bad-request", [0] + message([header(msgid: 9, count: 1, destination: 42), data([5])])),
-            ("name-reply-long-status", [0] + message([header(msgid: 2, count: 1, destination: 42), data([0, 0])])),
-            ("bad-magic", [0] + message([header(msgid: 1, count: 0, magic: Array("PKZX".utf8))])),
-            ("bad-version", [0] + message([header(msgid: 1, count: 0, version: 2)])),
-            ("short-header", [0] + message([Array(header(msgid: 1, count: 0).dropLast())])),
-            ("too-few-frames", [0] + message([header(msgid: 1, count: 2), data([1])])),
-            ("too-many-frames", [0] + message([header(msgid: 1, count: 1), data([1]), data([2])])),
-            ("reply-not-a-port", [0] + message([header(msgid: 1, count: 0, reply: true), data([1])])),
-            ("bad-endpoint", [0] + message([header(msgid: 1, count: 1), port(1, "udp://h:1")])),
-            ("port-without-endpoint", [0] + message([header(msgid: 1, count: 1), [2] + le64(1)])),
-            ("unknown-type", [0] + message([header(msgid: 1, count: 1), [3, 0]])),
-            ("empty-component", [0] + message([header(msgid: 1, count: 1), []])),
-            ("small-limits-over", [1] + message([header(msgid: 1, count: 1), data(Array(repeating: 7, count: 65))])),
-            ("small-limits-too-many-ports", [1] + message([header(msgid: 1, count: 4, reply: true)]
-                                                          + Array(repeating: port(1, "ipc://@p"), count: 5))),
-            ("violation-then-message", [0] + message([header(msgid: 1, count: 3), data([1])])
-                                            + message([header(msgid: 2, count: 1), data([2])])),
+            ("protocol-example", [0] + one([header(msgid: 7, count: 1, reply: true), data(Array("hi".utf8)),
+                                            port(9, "tcp://127.0.0.1:5556")])),
+            ("empty-message", [0] + one([header(msgid: 1, count: 0)])),
+            ("ports-and-data", [0] + one([header(msgid: 3, count: 3, destination: 5), data([]), port(1, "ipc://@x"),
+                                          data(Array(repeating: 0xAB, count: 200))])),
+            ("name-register", [0] + one([header(msgid: 1, count: 2, reply: true), data(Array("svc".utf8)),
+                                         port(0, "tcp://127.0.0.1:5556"), me])),
+            ("name-lookup", [0] + one([header(msgid: 2, count: 1, reply: true), data(Array("svc".utf8)), me])),
+            ("name-unregister", [0] + one([header(msgid: 3, count: 2, reply: true), data(Array("svc".utf8)),
+                                           port(0, "ipc:///tmp/portkit-1000/svc"), me])),
+            ("name-reply-ok-with-port", [0] + one([header(msgid: 2, count: 2, destination: 42), data([0]),
+                                                   port(0, "tcp://127.0.0.1:5556")])),
+            ("name-reply-in-use", [0] + one([header(msgid: 1, count: 1, destination: 42), data([1])])),
+            ("name-reply-bad-request", [0] + one([header(msgid: 9, count: 1, destination: 42), data([5])])),
+            ("name-reply-long-status", [0] + one([header(msgid: 2, count: 1, destination: 42), data([0, 0])])),
+            ("bad-magic", [0] + one([header(msgid: 1, count: 0, magic: Array("PKZX".utf8))])),
+            ("bad-version", [0] + one([header(msgid: 1, count: 0, version: 1)])),
+            ("short-header", [0] + one([Array(header(msgid: 1, count: 0).dropLast())])),
+            ("too-few-components", [0] + one([header(msgid: 1, count: 2), data([1])])),
+            ("trailing-bytes", [0] + one([header(msgid: 1, count: 1), data([1]), data([2])])),
+            ("data-longer-than-frame", [0] + one([header(msgid: 1, count: 1), [1] + le(UInt32.max) + [1, 2]])),
+            ("cut-data-prefix", [0] + one([header(msgid: 1, count: 1), [1, 0, 0]])),
+            ("cut-port-prefix", [0] + one([header(msgid: 1, count: 1), [2] + le64(1)])),
+            ("endpoint-longer-than-frame", [0] + one([header(msgid: 1, count: 1), [2] + le64(1) + le(UInt16(300)) + [0x74]])),
+            ("reply-not-a-port", [0] + one([header(msgid: 1, count: 0, reply: true), data([1])])),
+            ("reply-missing", [0] + one([header(msgid: 1, count: 0, reply: true)])),
+            ("bad-endpoint", [0] + one([header(msgid: 1, count: 1), port(1, "udp://h:1")])),
+            ("port-without-endpoint", [0] + one([header(msgid: 1, count: 1), [2] + le64(1) + le(UInt16(0))])),
+            ("unknown-type", [0] + one([header(msgid: 1, count: 1), [3, 0]])),
+            ("multipart", [0] + message([header(msgid: 1, count: 1), data([1])])),
+            ("version-1-multipart", [0] + message([header(msgid: 7, count: 1, version: 1), [1, 0x68, 0x69]])),
+            ("small-limits-over", [1] + one([header(msgid: 1, count: 1), data(Array(repeating: 7, count: 65))])),
+            ("small-limits-too-many-ports", [1] + one([header(msgid: 1, count: 4, reply: true)]
+                                                      + Array(repeating: port(1, "ipc://@p"), count: 5))),
+            ("violation-then-message", [0] + message([header(msgid: 1, count: 1), data([1]), data([1])])
+                                        + one([header(msgid: 2, count: 1), data([2])])),
             ("name-usual", [4] + Array("checkin-main".utf8)),
             ("name-sock-suffix", [4] + Array("x.sock".utf8)),
             ("name-sock-new-suffix", [4] + Array("x.sock.new".utf8)),

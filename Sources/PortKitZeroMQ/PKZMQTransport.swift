@@ -41,7 +41,7 @@ public struct PKZMQHeartbeat: Sendable, Equatable {
 /// Process-wide settings of the ZeroMQ transport. Each applies to the sockets made after it is
 /// set; set them before making ports.
 public enum PKZMQTransport {
-    private static let settings = PKMutex<Settings>(Settings())
+    private static let settings = ZMQMutex<Settings>(Settings())
 
     private struct Settings {
         var heartbeat = PKZMQHeartbeat.default

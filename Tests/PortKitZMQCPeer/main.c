@@ -21,6 +21,9 @@
 #include <zmq.h>
 
 #define HEADER_SIZE 24
+#define VERSION 2
+#define DATA_PREFIX 5    /* type, u32 length */
+#define PORT_PREFIX 11   /* type, u64 port id, u16 endpoint length */
 #define FLAG_REPLY_PORT 1
 #define TYPE_DATA 1
 #define TYPE_PORT 2
@@ -37,36 +40,34 @@ static int fail(const char *what) {
     return 2;
 }
 
-static int send_frame(void *socket, const void *bytes, size_t size, int more) {
-    return zmq_send(socket, bytes, size, more ? ZMQ_SNDMORE : 0) < 0 ? -1 : 0;
-}
-
-/// Sends one port message: header, one data component, and (if reply_endpoint) a reply frame.
+/// Sends one port message, one frame (protocol.md 10.2): the header, one data component, and
+/// (if reply_endpoint) the reply port.
 static int send_message(void *socket, uint32_t msgid, uint64_t to_port, const char *text,
                         const char *reply_endpoint, uint64_t reply_port) {
-    uint8_t header[HEADER_SIZE] = {'P', 'K', 'Z', 'M'};
-    put_u16(header + 4, 1);
-    put_u16(header + 6, reply_endpoint ? FLAG_REPLY_PORT : 0);
-    put_u32(header + 8, msgid);
-    put_u16(header + 12, 1);
-    put_u16(header + 14, 0);
-    put_u64(header + 16, to_port);
     size_t length = strlen(text);
-    uint8_t *data = malloc(1 + length);
-    data[0] = TYPE_DATA;
-    memcpy(data + 1, text, length);
-    int rc = send_frame(socket, header, sizeof header, 1);
-    if (rc == 0) rc = send_frame(socket, data, 1 + length, reply_endpoint != NULL);
-    free(data);
-    if (rc == 0 && reply_endpoint) {
-        size_t size = 9 + strlen(reply_endpoint);
-        uint8_t *frame = malloc(size);
-        frame[0] = TYPE_PORT;
-        put_u64(frame + 1, reply_port);
-        memcpy(frame + 9, reply_endpoint, strlen(reply_endpoint));
-        rc = send_frame(socket, frame, size, 0);
-        free(frame);
+    size_t reply_length = reply_endpoint ? strlen(reply_endpoint) : 0;
+    size_t size = HEADER_SIZE + DATA_PREFIX + length + (reply_endpoint ? PORT_PREFIX + reply_length : 0);
+    uint8_t *frame = calloc(1, size);
+    memcpy(frame, "PKZM", 4);
+    put_u16(frame + 4, VERSION);
+    put_u16(frame + 6, reply_endpoint ? FLAG_REPLY_PORT : 0);
+    put_u32(frame + 8, msgid);
+    put_u16(frame + 12, 1);
+    put_u16(frame + 14, 0);
+    put_u64(frame + 16, to_port);
+    uint8_t *p = frame + HEADER_SIZE;
+    p[0] = TYPE_DATA;
+    put_u32(p + 1, (uint32_t)length);
+    memcpy(p + DATA_PREFIX, text, length);
+    p += DATA_PREFIX + length;
+    if (reply_endpoint) {
+        p[0] = TYPE_PORT;
+        put_u64(p + 1, reply_port);
+        put_u16(p + 9, (uint16_t)reply_length);
+        memcpy(p + PORT_PREFIX, reply_endpoint, reply_length);
     }
+    int rc = zmq_send(socket, frame, size, 0) < 0 ? -1 : 0;
+    free(frame);
     return rc;
 }
 
@@ -80,44 +81,56 @@ struct message {
     uint64_t reply_port;
 };
 
+static int bad(const char *why) {
+    fprintf(stderr, "PortKitZMQCPeer: %s\n", why);
+    return -1;
+}
+
 static int receive_message(void *socket, struct message *out, int timeout_ms) {
     zmq_pollitem_t item = {socket, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&item, 1, timeout_ms) <= 0) { fprintf(stderr, "PortKitZMQCPeer: no message in time\n"); return -1; }
+    if (zmq_poll(&item, 1, timeout_ms) <= 0) return bad("no message in time");
     memset(out, 0, sizeof *out);
-    uint8_t buffer[8192];
-    int frames = 0, count = 0, flags = 0, more = 1;
-    while (more) {
-        int size = zmq_recv(socket, buffer, sizeof buffer, 0);
-        if (size < 0 || size > (int)sizeof buffer) { fprintf(stderr, "PortKitZMQCPeer: bad frame\n"); return -1; }
-        int value = 0; size_t value_size = sizeof value;
-        zmq_getsockopt(socket, ZMQ_RCVMORE, &value, &value_size);
-        more = value;
-        if (frames == 0) {
-            if (size != HEADER_SIZE || memcmp(buffer, "PKZM", 4) != 0 || get_u16(buffer + 4) != 1) {
-                fprintf(stderr, "PortKitZMQCPeer: not a PortKit header\n");
-                return -1;
+    static uint8_t buffer[8192];
+    int size = zmq_recv(socket, buffer, sizeof buffer, 0);
+    if (size < 0 || size > (int)sizeof buffer) return bad("bad frame");
+    int more = 0; size_t more_size = sizeof more;
+    zmq_getsockopt(socket, ZMQ_RCVMORE, &more, &more_size);
+    if (more) return bad("a message of more than one frame");
+    if (size < HEADER_SIZE || memcmp(buffer, "PKZM", 4) != 0 || get_u16(buffer + 4) != VERSION) return bad("not a PortKit header");
+    int flags = get_u16(buffer + 6);
+    out->msgid = get_u32(buffer + 8);
+    int count = get_u16(buffer + 12);
+    out->port_id = get_u64(buffer + 16);
+    size_t offset = HEADER_SIZE;
+    for (int i = 0; i < count + ((flags & FLAG_REPLY_PORT) ? 1 : 0); i++) {
+        int is_reply = i == count;
+        if (offset >= (size_t)size) return bad("the message ends early");
+        if (buffer[offset] == TYPE_DATA && !is_reply) {
+            if ((size_t)size - offset < DATA_PREFIX) return bad("a cut data component");
+            uint32_t length = get_u32(buffer + offset + 1);
+            offset += DATA_PREFIX;
+            if (length > (size_t)size - offset) return bad("a data component longer than the message");
+            size_t used = strlen(out->text);
+            size_t take = length < sizeof out->text - 1 - used ? length : sizeof out->text - 1 - used;
+            memcpy(out->text + used, buffer + offset, take);
+            offset += length;
+        } else if (buffer[offset] == TYPE_PORT) {
+            if ((size_t)size - offset < PORT_PREFIX) return bad("a cut port component");
+            uint64_t id = get_u64(buffer + offset + 1);
+            uint16_t length = get_u16(buffer + offset + 9);
+            offset += PORT_PREFIX;
+            if (length == 0 || length > 255 || length > (size_t)size - offset) return bad("a bad endpoint length");
+            if (is_reply) {
+                out->has_reply = 1;
+                out->reply_port = id;
+                memcpy(out->reply_endpoint, buffer + offset, length);
             }
-            flags = get_u16(buffer + 6);
-            out->msgid = get_u32(buffer + 8);
-            count = get_u16(buffer + 12);
-            out->port_id = get_u64(buffer + 16);
-        } else if (frames <= count) {
-            if (size >= 1 && buffer[0] == TYPE_DATA) {
-                size_t used = strlen(out->text);
-                size_t take = (size_t)size - 1 < sizeof out->text - 1 - used ? (size_t)size - 1 : sizeof out->text - 1 - used;
-                memcpy(out->text + used, buffer + 1, take);
-            }
-        } else if ((flags & FLAG_REPLY_PORT) && size > 9 && size - 9 < 256 && buffer[0] == TYPE_PORT) {
-            out->has_reply = 1;
-            out->reply_port = get_u64(buffer + 1);
-            memcpy(out->reply_endpoint, buffer + 9, (size_t)size - 9);
+            offset += length;
+        } else {
+            return bad("an unknown component type");
         }
-        frames++;
     }
-    if (frames != 1 + count + ((flags & FLAG_REPLY_PORT) ? 1 : 0)) {
-        fprintf(stderr, "PortKitZMQCPeer: %d frames, the header announced %d\n", frames, 1 + count);
-        return -1;
-    }
+    if (offset != (size_t)size) return bad("bytes after the last component");
     return 0;
 }
 

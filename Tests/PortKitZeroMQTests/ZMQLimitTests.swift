@@ -26,7 +26,7 @@ import PortKitZeroMQ
 
             let bad = try RawZMQSocket(pushingTo: port.endpoint)
             #expect(bad.waitForEvent(RawZMQSocket.handshakeSucceeded), "events: \(bad.seen)")
-            try bad.send(handMadeFrames(msgid: 666, data: [[UInt8](repeating: 0xEE, count: 2000)]))
+            try bad.send([handMadeMessage(msgid: 666, data: [[UInt8](repeating: 0xEE, count: 2000)])])
             // libzmq (ZMQ_MAXMSGSIZE) closes the offender's connection; the loop keeps serving.
             let deadline = PKDeadline.after(.seconds(10))
             var dropped = false
@@ -55,17 +55,17 @@ import PortKitZeroMQ
             try loop.add(port, forMode: .default)
             let raw = try RawZMQSocket(pushingTo: port.endpoint)
             let bad: [[[UInt8]]] = [
-                handMadeFrames(msgid: 10, data: [[UInt8](repeating: 1, count: 600), [UInt8](repeating: 2, count: 600)]),  // 1200 bytes
-                handMadeFrames(msgid: 11, data: Array(repeating: [], count: 9)),                    // 9 components
-                handMadeFrames(msgid: 12, data: [], destination: 5),                                 // not port id 0
+                [handMadeMessage(msgid: 10, data: [[UInt8](repeating: 1, count: 600), [UInt8](repeating: 2, count: 600)])],  // 1200 bytes
+                [handMadeMessage(msgid: 11, data: Array(repeating: [], count: 9))],                  // 9 components
+                [handMadeMessage(msgid: 12, data: [], destination: 5)],                               // not port id 0
                 [Array("PKZX".utf8) + [UInt8](repeating: 0, count: 20)],                             // bad magic
-                Array(handMadeFrames(msgid: 13, data: [[1], [2]]).dropLast()),                       // ends early
-                handMadeFrames(msgid: 14, data: [[1]]) + [[1, 9]],                                   // extra frame
-                handMadeFrames(msgid: 15, data: [[1]], reply: ("http://example.com:80", 1)),         // bad endpoint
-                [handMadeFrames(msgid: 16, data: [])[0], [7, 7, 7]].map { $0 },                      // count 0 yet more
+                [Array(handMadeMessage(msgid: 13, data: [[1], [2]]).dropLast())],                     // ends early
+                [handMadeMessage(msgid: 14, data: [[1]]) + [1, 9]],                                   // bytes after the end
+                [handMadeMessage(msgid: 15, data: [[1]], reply: ("http://example.com:80", 1))],       // bad endpoint
+                [handMadeMessage(msgid: 16, data: []), [7, 7, 7]],                                    // two frames
             ]
             for frames in bad { try raw.send(frames) }
-            try raw.send(handMadeFrames(msgid: 17, data: [Array("fine".utf8)], reply: ("tcp://127.0.0.1:9", 3)))
+            try raw.send([handMadeMessage(msgid: 17, data: [Array("fine".utf8)], reply: ("tcp://127.0.0.1:9", 3))])
             try run(loop, until: "the valid message after the bad ones") { received.contains(17) }
             #expect(received == [17])
             #expect(violations.count == bad.count, "\(violations)")

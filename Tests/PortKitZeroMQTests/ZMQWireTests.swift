@@ -16,63 +16,81 @@ import PortKit
         }
     }
 
-    func decodeOne(_ frames: [[UInt8]]) -> ZMQMessageDecoder.Output {
+    func decodeOne(_ frame: [UInt8]) -> ZMQMessageDecoder.Output {
         var decoder = ZMQMessageDecoder(limits: Self.limits)
-        return decode(frames, decoder: &decoder).last!
+        return decode([frame], decoder: &decoder).last!
     }
 
-    @Test func encoderWritesTheExampleOfProtocolMD() {
-        let frames = ZMQMessageEncoder.frames(
-            msgid: 7, destination: 0, components: [.data(Array("hi".utf8))],
-            reply: ZMQPortAddress(endpoint: "tcp://127.0.0.1:5556", portID: 9))
-        let bytes = frames.map { $0.prefix + $0.payload }
-        #expect(bytes[0] == [0x50, 0x4B, 0x5A, 0x4D, 0x01, 0x00, 0x01, 0x00, 0x07, 0x00, 0x00, 0x00,
-                             0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00])
-        #expect(bytes[1] == [0x01, 0x68, 0x69])
-        #expect(bytes[2] == [0x02, 0x09, 0, 0, 0, 0, 0, 0, 0] + Array("tcp://127.0.0.1:5556".utf8))
-        #expect(bytes.count == 3)
-        // The hand-written frames of the tests say the same.
-        #expect(handMadeFrames(msgid: 7, data: [Array("hi".utf8)], reply: ("tcp://127.0.0.1:5556", 9)) == bytes)
+    func encode(_ msgid: UInt32, destination: UInt64 = 0, _ components: [ZMQWireComponent], reply: ZMQPortAddress? = nil,
+                limits: ZMQWireLimits = Self.limits) throws -> [UInt8] {
+        try ZMQMessageEncoder.frame(msgid: msgid, destination: destination, components: components, reply: reply, limits: limits)
+    }
+
+    @Test func encoderWritesTheExampleOfProtocolMD() throws {
+        let bytes = try encode(7, [.data(Array("hi".utf8))], reply: ZMQPortAddress(endpoint: "tcp://127.0.0.1:5556", portID: 9))
+        let header: [UInt8] = [0x50, 0x4B, 0x5A, 0x4D, 0x02, 0x00, 0x01, 0x00, 0x07, 0x00, 0x00, 0x00,
+                               0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00]
+        let data: [UInt8] = [0x01, 0x02, 0x00, 0x00, 0x00, 0x68, 0x69]
+        let reply: [UInt8] = [0x02, 0x09, 0, 0, 0, 0, 0, 0, 0, 0x14, 0x00] + Array("tcp://127.0.0.1:5556".utf8)
+        #expect(bytes == header + data + reply)
+        #expect(bytes.count == 62)
+        // The hand-written messages of the tests say the same.
+        #expect(handMadeMessage(msgid: 7, data: [Array("hi".utf8)], reply: ("tcp://127.0.0.1:5556", 9)) == bytes)
     }
 
     @Test func roundTrip() throws {
         let components: [ZMQWireComponent] = [
             .data([]), .port(ZMQPortAddress(endpoint: "ipc://@x", portID: .max)), .data([1, 2, 3]),
         ]
-        let frames = ZMQMessageEncoder.frames(msgid: .max, destination: 77, components: components, reply: nil)
-        guard case .message(let message) = decodeOne(frames.map { $0.prefix + $0.payload }) else {
+        let reply = ZMQPortAddress(endpoint: "tcp://[::1]:7", portID: 12)
+        guard case .message(let message) = decodeOne(try encode(.max, destination: 77, components, reply: reply)) else {
             Issue.record("not decoded")
             return
         }
-        #expect(message.msgid == .max && message.destination == 77 && message.reply == nil)
-        #expect(message.components.count == 3)
-        if case .port(let address) = message.components[1] { #expect(address == ZMQPortAddress(endpoint: "ipc://@x", portID: .max)) }
-        if case .data(let data) = message.components[2] { #expect(data == [1, 2, 3]) }
+        #expect(message.msgid == .max && message.destination == 77 && message.reply == reply)
+        #expect(message.components == [.data([]), .port(ZMQPortAddress(endpoint: "ipc://@x", portID: .max)), .data([1, 2, 3])])
     }
 
-    @Test func emptyMessageIsOneFrame() {
-        let frames = ZMQMessageEncoder.frames(msgid: 1, destination: 0, components: [], reply: nil)
-        #expect(frames.count == 1 && frames[0].count == 24)
-        guard case .message = decodeOne([frames[0].prefix]) else { Issue.record("not decoded"); return }
+    @Test func emptyMessageIsTheHeaderAlone() throws {
+        let bytes = try encode(1, [])
+        #expect(bytes.count == 24)
+        guard case .message(let message) = decodeOne(bytes) else { Issue.record("not decoded"); return }
+        #expect(message.msgid == 1 && message.components.isEmpty && message.reply == nil)
     }
 
     static let invalid: [(String, [[UInt8]])] = {
-        var header = handMadeFrames(msgid: 1, data: [])[0]
-        func with(_ offset: Int, _ value: UInt8) -> [UInt8] { var copy = header; copy[offset] = value; return copy }
-        header = handMadeFrames(msgid: 1, data: [[5]])[0]
+        let header = Array(handMadeMessage(msgid: 1, data: []).prefix(24))
+        let oneComponent = Array(handMadeMessage(msgid: 1, data: [[5]]).prefix(24))
+        let withReply = Array(handMadeMessage(msgid: 1, data: [], reply: ("ipc://@r", 1)).prefix(24))
+        func with(_ offset: Int, _ value: UInt8, in bytes: [UInt8] = header) -> [UInt8] {
+            var copy = bytes
+            copy[offset] = value
+            return copy
+        }
+        func u16(_ value: UInt16) -> [UInt8] { [UInt8(value & 0xFF), UInt8(value >> 8)] }
+        let portID: [UInt8] = [1, 0, 0, 0, 0, 0, 0, 0]
         return [
-            ("short header", [Array(header.prefix(23)), [1, 5]]),
-            ("bad magic", [with(3, 0x58), [1, 5]]),
-            ("version 2", [with(4, 2), [1, 5]]),
-            ("unknown flag", [with(6, 2), [1, 5]]),
-            ("reserved field", [with(14, 1), [1, 5]]),
-            ("empty component frame", [header, []]),
-            ("unknown component type", [header, [3, 5]]),
-            ("port frame without endpoint", [header, [2, 0, 0, 0, 0, 0, 0, 0, 0]]),
-            ("port frame with a bad endpoint", [header, [2, 0, 0, 0, 0, 0, 0, 0, 0] + Array("tcp://nohost".utf8)]),
-            ("port frame not UTF-8", [header, [2, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFE]]),
-            ("reply frame that is data", [with(6, 1), [1, 5], [1, 5]]),
-            ("extra frame", [header, [1, 5], [1, 6]]),
+            ("short header", [Array(header.prefix(23))]),
+            ("bad magic", [with(3, 0x58)]),
+            ("version 1", [with(4, 1)]),
+            ("unknown flag", [with(6, 2)]),
+            ("reserved field", [with(14, 1)]),
+            ("too many components for the limits", [with(12, 0xFF, in: with(13, 0xFF))]),
+            ("component missing", [oneComponent]),
+            ("data prefix cut", [oneComponent + [1, 1, 0]]),
+            ("data longer than the message", [oneComponent + [1, 9, 0, 0, 0, 5]]),
+            ("data length near 2^32", [oneComponent + [1, 0xFF, 0xFF, 0xFF, 0xFF, 5]]),
+            ("unknown component type", [oneComponent + [3, 5]]),
+            ("port prefix cut", [oneComponent + [2] + portID]),
+            ("port without endpoint", [oneComponent + [2] + portID + u16(0)]),
+            ("endpoint longer than the message", [oneComponent + [2] + portID + u16(40) + Array("ipc://@x".utf8)]),
+            ("port with a bad endpoint", [oneComponent + [2] + portID + u16(12) + Array("tcp://nohost".utf8)]),
+            ("port endpoint not UTF-8", [oneComponent + [2] + portID + u16(2) + [0xFF, 0xFE]]),
+            ("reply port missing", [withReply]),
+            ("reply port that is data", [withReply + [1, 1, 0, 0, 0, 5]]),
+            ("bytes after the last component", [oneComponent + [1, 1, 0, 0, 0, 5, 0]]),
+            ("two frames", [header, [1, 1, 0, 0, 0, 5]]),
+            ("three frames of version 1", [with(4, 1, in: oneComponent), [1, 5], [2] + portID]),
         ]
     }()
 
@@ -81,47 +99,62 @@ import PortKit
         var decoder = ZMQMessageDecoder(limits: Self.limits)
         let outputs = decode(frames, decoder: &decoder)
         #expect(outputs.contains { if case .violation = $0 { true } else { false } }, "\(name)")
+        #expect(!outputs.contains { if case .message = $0 { true } else { false } }, "\(name)")
         #expect(decoder.isIdle, "\(name): the decoder must be ready for the next message")
         // The next message decodes.
-        let next = handMadeFrames(msgid: 9, data: [[1]])
-        guard case .message(let message) = decode(next, decoder: &decoder).last! else {
+        guard case .message(let message) = decode([handMadeMessage(msgid: 9, data: [[1]])], decoder: &decoder).last! else {
             Issue.record("\(name): the next message was not decoded")
             return
         }
         #expect(message.msgid == 9)
     }
 
-    @Test func messageEndingEarlyIsAViolation() {
+    @Test func multipartMessageIsOneViolation() {
         var decoder = ZMQMessageDecoder(limits: Self.limits)
-        let frames = handMadeFrames(msgid: 1, data: [[1], [2]])
-        // Two frames, the second without "more", where three were announced.
-        let outputs = decode(Array(frames.prefix(2)), decoder: &decoder)
-        guard case .violation = outputs.last! else { Issue.record("accepted a truncated message"); return }
+        let message = handMadeMessage(msgid: 1, data: [[1]])
+        // A valid message sent as the first of three frames: one violation, the rest skipped.
+        let outputs = decode([message, message, message], decoder: &decoder)
+        #expect(outputs.filter { if case .violation = $0 { true } else { false } }.count == 1)
+        #expect(outputs.filter { if case .needMore = $0 { true } else { false } }.count == 2)
         #expect(decoder.isIdle)
     }
 
-    @Test func limitsAreEnforced() {
+    @Test func limitsAreEnforced() throws {
         var small = PKPortLimits()
         small.maxMessageBytes = 10
         small.maxComponents = 3
         small.maxDescriptors = 1
         let limits = ZMQWireLimits(small)
-        func outcome(_ frames: [[UInt8]]) -> Bool {
+        func outcome(_ frame: [UInt8]) -> Bool {
             var decoder = ZMQMessageDecoder(limits: limits)
-            if case .message = decode(frames, decoder: &decoder).last! { return true }
+            if case .message = decode([frame], decoder: &decoder).last! { return true }
             return false
         }
-        #expect(outcome(handMadeFrames(msgid: 1, data: [[UInt8](repeating: 0, count: 10)])))
-        #expect(!outcome(handMadeFrames(msgid: 1, data: [[UInt8](repeating: 0, count: 6), [UInt8](repeating: 0, count: 5)])))
-        #expect(outcome(handMadeFrames(msgid: 1, data: [[], [], []])))
-        #expect(!outcome(handMadeFrames(msgid: 1, data: [[], [], [], []])))
-        #expect(outcome(handMadeFrames(msgid: 1, data: [], reply: ("ipc://@r", 1))))
-        let twoPorts = ZMQMessageEncoder.frames(
-            msgid: 1, destination: 0, components: [.port(ZMQPortAddress(endpoint: "ipc://@p", portID: 0))],
-            reply: ZMQPortAddress(endpoint: "ipc://@r", portID: 1))
-        #expect(!outcome(twoPorts.map { $0.prefix + $0.payload }))
-        #expect(limits.largestFrame == 264)
-        #expect(ZMQWireLimits(.default).largestFrame == 16_777_217)
+        #expect(outcome(handMadeMessage(msgid: 1, data: [[UInt8](repeating: 0, count: 10)])))
+        #expect(!outcome(handMadeMessage(msgid: 1, data: [[UInt8](repeating: 0, count: 6), [UInt8](repeating: 0, count: 5)])))
+        #expect(outcome(handMadeMessage(msgid: 1, data: [[], [], []])))
+        #expect(!outcome(handMadeMessage(msgid: 1, data: [[], [], [], []])))
+        #expect(outcome(handMadeMessage(msgid: 1, data: [], reply: ("ipc://@r", 1))))
+        let twoPorts = try encode(
+            1, [.port(ZMQPortAddress(endpoint: "ipc://@p", portID: 0))], reply: ZMQPortAddress(endpoint: "ipc://@r", portID: 1))
+        #expect(!outcome(twoPorts))
+        // The sender refuses what the receiver would drop.
+        #expect(throws: PKError.self) {
+            try encode(1, [.port(ZMQPortAddress(endpoint: "ipc://@p", portID: 0))],
+                       reply: ZMQPortAddress(endpoint: "ipc://@r", portID: 1), limits: limits)
+        }
+        #expect(throws: PKError.self) { try encode(1, [.data([UInt8](repeating: 0, count: 11))], limits: limits) }
+        #expect(throws: PKError.self) { try encode(1, [.data([]), .data([]), .data([]), .data([])], limits: limits) }
+        // ZMQ_MAXMSGSIZE: header, every data byte, a data prefix per component, the longest port per port.
+        #expect(limits.largestFrame == 24 + 10 + 5 * 3 + 266 * 1)
+        #expect(ZMQWireLimits(.default).largestFrame == 24 + 16 * 1024 * 1024 + 5 * 1024 + 266 * 16)
+    }
+
+    @Test func senderRefusesAnEndpointTheWireCannotCarry() {
+        let long = ZMQPortAddress(endpoint: "ipc://@" + String(repeating: "e", count: 249), portID: 1)
+        #expect(long.endpoint.utf8.count == 256)
+        #expect(throws: PKError.self) { try encode(1, [.port(long)]) }
+        #expect(throws: PKError.self) { try encode(1, [], reply: long) }
     }
 
     @Test func endpointsAreChecked() {

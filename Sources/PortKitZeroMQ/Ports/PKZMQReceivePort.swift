@@ -51,7 +51,7 @@ public final class PKZMQReceivePort: @unchecked Sendable, CustomStringConvertibl
         /// The modes the port is in (changed on the loop's thread; read by `invalidate()`).
         var modes: Set<PKRunLoopMode> = []
     }
-    private let shared = PKMutex<Shared>(Shared())
+    private let shared = ZMQMutex<Shared>(Shared())
     private let inbox: ZMQInbox
     private let parsedEndpoint: ZMQEndpoint
 

@@ -8,7 +8,7 @@ import PortKit
 /// watching.
 public final class PKZMQInvalidationWatch: Sendable {
     private let source: PKCustomSource
-    private let registration = PKMutex<(connection: ZMQConnection?, token: Int?)>((nil, nil))
+    private let registration = ZMQMutex<(connection: ZMQConnection?, token: Int?)>((nil, nil))
 
     fileprivate init(source: PKCustomSource) { self.source = source }
 

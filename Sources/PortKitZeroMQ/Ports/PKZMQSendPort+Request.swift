@@ -92,13 +92,6 @@ private struct PendingRequest {
         let service = try ZMQReplyService.shared()
         let replyEndpoint = try service.endpoint(toward: port.right.endpoint)
         let id = service.register(waiter)
-        let frames: [ZMQOutgoingFrame]
-        do throws(PKError) {
-            frames = try port.frames(of: message, reply: ZMQPortAddress(endpoint: replyEndpoint, portID: id))
-        } catch {
-            service.unregister(id)
-            throw error
-        }
         // A reply travels on another connection than the request, so it can arrive just after
         // the remote port's death is noticed (a server that answers, then exits): it still
         // wins within a short grace.
@@ -113,7 +106,8 @@ private struct PendingRequest {
         self.id = id
         self.connection = connection
         self.watch = watch
-        do throws(PKError) { try connection.send(frames, before: .after(sendTimeout)) } catch {
+        let reply = ZMQPortAddress(endpoint: replyEndpoint, portID: id)
+        do throws(PKError) { try port.send(message, reply: reply, on: connection, before: .after(sendTimeout)) } catch {
             end()
             throw error
         }
@@ -127,7 +121,7 @@ private struct PendingRequest {
 
 /// A one-shot signal a task awaits; `fire` from any thread, any number of times.
 private final class AsyncSignal: Sendable {
-    private let state = PKMutex<(fired: Bool, continuation: CheckedContinuation<Void, Never>?)>((false, nil))
+    private let state = ZMQMutex<(fired: Bool, continuation: CheckedContinuation<Void, Never>?)>((false, nil))
 
     func fire() {
         let continuation = state.withLock { state -> CheckedContinuation<Void, Never>? in

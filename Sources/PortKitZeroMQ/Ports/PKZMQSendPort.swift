@@ -63,8 +63,7 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
     /// - Throws: `.sendTimedOut`; `.invalidPort` (the right is or became invalid while waiting);
     ///   `.limitExceeded` (the message is over `PKPortLimits.default`); `.transport`.
     public func send(_ message: PKZMQMessage, before deadline: PKDeadline) throws(PKError) {
-        let connection = try right.connection()
-        try connection.send(try frames(of: message), before: deadline)
+        try send(message, reply: nil, on: try right.connection(), before: deadline)
     }
 
     /// Sends `message`, waiting at most `timeout` for room.
@@ -80,21 +79,47 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
         try send(PKZMQMessage(msgid: msgid, components: components, replyPort: replyPort), before: deadline)
     }
 
-    /// The frames of `message` for this right's port.
-    func frames(of message: PKZMQMessage, reply: ZMQPortAddress? = nil) throws(PKError) -> [ZMQOutgoingFrame] {
+    /// Sends `message` to this right's port on `connection` (this right's), with `reply` as its
+    /// reply port if given (a request's), else the message's own.
+    ///
+    /// - Throws: as `send(_:before:)`.
+    func send(_ message: PKZMQMessage, reply: ZMQPortAddress?, on connection: ZMQConnection, before deadline: PKDeadline) throws(PKError) {
         let destination = right.endpoint
-        var components: [ZMQWireComponent] = []
-        components.reserveCapacity(message.components.count)
-        for component in message.components {
-            switch component {
-            case .data(let bytes): components.append(.data(bytes))
-            case .port(let port): components.append(.port(port.address(toward: destination)))
-            }
-        }
         let replyAddress = reply ?? message.replyPort?.address(toward: destination)
-        try ZMQMessageEncoder.check(components: components, hasReply: replyAddress != nil, limits: ZMQWireLimits(.default))
-        return ZMQMessageEncoder.frames(msgid: message.msgid, destination: portID, components: components, reply: replyAddress)
+        if message.components.contains(where: { $0.port != nil }) {
+            // Each port's address is found once, so that measuring and writing see the same one.
+            let components = message.components.map { component -> ZMQWireComponent in
+                switch component {
+                case .data(let bytes): .data(bytes)
+                case .port(let port): .port(port.address(toward: destination))
+                }
+            }
+            try send(msgid: message.msgid, components: components, reply: replyAddress, on: connection, before: deadline)
+        } else {
+            // Data only (the common case): no array of wire components.
+            let components = message.components.lazy.map { component -> ZMQWireComponent in
+                switch component {
+                case .data(let bytes): .data(bytes)
+                case .port(let port): .port(port.right.address)
+                }
+            }
+            try send(msgid: message.msgid, components: components, reply: replyAddress, on: connection, before: deadline)
+        }
     }
+
+    private func send(
+        msgid: UInt32, components: some Collection<ZMQWireComponent>, reply: ZMQPortAddress?,
+        on connection: ZMQConnection, before deadline: PKDeadline
+    ) throws(PKError) {
+        let byteCount = try ZMQMessageEncoder.measure(components: components, reply: reply, limits: Self.limits)
+        let frame = try ZMQOutgoingFrame(byteCount: byteCount) { frame in
+            ZMQMessageEncoder.write(msgid: msgid, destination: portID, components: components, reply: reply, into: frame)
+        }
+        try connection.send(frame, before: deadline)
+    }
+
+    /// What a sender checks a message against (a receiver's default limits).
+    private static let limits = ZMQWireLimits(.default)
 
     /// This port's address as a peer at `destination` can reach it.
     func address(toward destination: ZMQEndpoint) -> ZMQPortAddress {
@@ -124,7 +149,7 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
 final class ZMQSendRight: Sendable {
     let address: ZMQPortAddress
     let endpoint: ZMQEndpoint
-    private let state = PKMutex<State>(State())
+    private let state = ZMQMutex<State>(State())
 
     private struct State {
         var connection: ZMQConnection?

@@ -16,10 +16,10 @@ import PortKit
 final class ZMQConnection: @unchecked Sendable {
     let endpoint: ZMQEndpoint
     /// The PUSH socket; nil once the connection is dead. Held for a whole send, waits included.
-    private let socket: PKMutex<ZMQSocket?>
+    private let socket: ZMQMutex<ZMQSocket?>
     /// Wakes a send that waits for room when the connection dies.
     private let interrupt: InterruptSignal
-    private let state = PKMutex<State>(State())
+    private let state = ZMQMutex<State>(State())
 
     private struct State {
         var established = false
@@ -36,7 +36,7 @@ final class ZMQConnection: @unchecked Sendable {
         let monitor = try ZMQMonitor(monitoring: push)
         try push.connect(endpoint.description)
         interrupt = try InterruptSignal()
-        socket = PKMutex(push)
+        socket = ZMQMutex(push)
         monitor.start { [weak self] event in self?.monitorReported(event) }
     }
 
@@ -48,15 +48,16 @@ final class ZMQConnection: @unchecked Sendable {
 
     // MARK: - Sending
 
-    /// Sends one message, waiting for room (or for the connection) until `deadline`.
+    /// Sends one message (its one frame), waiting for room (or for the connection) until
+    /// `deadline`.
     ///
     /// - Throws: `.invalidPort` (the connection is or became dead), `.sendTimedOut`, `.transport`.
-    func send(_ frames: [ZMQOutgoingFrame], before deadline: PKDeadline) throws(PKError) {
+    func send(_ frame: consuming ZMQOutgoingFrame, before deadline: PKDeadline) throws(PKError) {
         try socket.withLock { socket throws(PKError) in
             while true {
                 if let reason = deadReason { throw PKError(.invalidPort, "cannot send to \(endpoint): \(reason)") }
                 guard let socket else { throw PKError(.invalidPort, "cannot send to \(endpoint): the connection is closed") }
-                if try socket.send(frames) { return }
+                if try socket.send(&frame) { return }
                 // The edge rule for sending: read ZMQ_EVENTS (which rearms ZMQ_FD) and try again
                 // while it shows room; only then sleep on ZMQ_FD.
                 if socket.events.canSend { continue }
@@ -159,7 +160,7 @@ final class ZMQConnectionCache: Sendable {
         var byEndpoint: [ZMQEndpoint: Weak] = [:]
         var recent: [ZMQConnection] = []
     }
-    private let state = PKMutex<State>(State())
+    private let state = ZMQMutex<State>(State())
 
     /// The live connection to `endpoint`, made if there is none.
     func connection(to endpoint: ZMQEndpoint) throws(PKError) -> ZMQConnection {

@@ -2,10 +2,11 @@
 // The receiving side: a PULL socket bound to one or more endpoints and read on one run loop.
 //
 // libzmq's ZMQ_FD is not the socket's data: it is a signal that the socket's state may have
-// changed, and reading ZMQ_EVENTS consumes it. So it behaves as an edge: after every wake (and
-// after anything else that may have processed the socket's commands, such as a send on the same
-// socket) the reader must receive until ZMQ_EVENTS shows no POLLIN, or a message that arrived
-// meanwhile would wait for the next, unrelated edge. The inbox does exactly that, `budget`
+// changed, and processing the socket's commands (reading ZMQ_EVENTS, or a receive that finds
+// nothing) consumes it. So it behaves as an edge: after every wake (and after anything else that
+// may have processed the socket's commands, such as a send on the same socket) the reader must
+// receive until a receive finds nothing, or a message that arrived meanwhile would wait for the
+// next, unrelated edge. The inbox does exactly that, `budget`
 // messages at a time; when messages remain after a budget it signals its own custom source, so
 // the loop comes back on its next pass (other sources get their turn; the loop never sleeps
 // on a readable socket, and never spins on an empty one).
@@ -79,8 +80,8 @@ final class ZMQInbox: @unchecked Sendable {
     /// The socket, its decoder and its claims, under one lock; a class so that a close
     /// deferred to the loop's thread can hold it after the inbox is gone.
     private final class LockedIO: Sendable {
-        let mutex: PKMutex<IO>
-        init(_ io: consuming sending IO) { mutex = PKMutex(io) }
+        let mutex: ZMQMutex<IO>
+        init(_ io: consuming sending IO) { mutex = ZMQMutex(io) }
     }
 
     // Loop-only state.
@@ -200,7 +201,7 @@ final class ZMQInbox: @unchecked Sendable {
 
     // MARK: - The edge rule
 
-    /// Receives until ZMQ_EVENTS shows no input, `budget` messages at most; if input remains,
+    /// Receives until a receive finds nothing, `budget` messages at most; if input remains,
     /// signals the inbox's own source so the next pass continues. Loop-only.
     func drain() {
         for _ in 0..<Self.budget {
@@ -218,11 +219,15 @@ final class ZMQInbox: @unchecked Sendable {
         case none, message(ZMQDecodedMessage), violation(String), skipped
     }
 
-    /// Receives one whole multipart message (libzmq delivers all its frames at once).
+    /// Receives one whole message (one frame; a peer's multipart message is read to its end,
+    /// libzmq delivers all its frames at once); `.none` when the socket has none. A
+    /// non-blocking receive that finds nothing has processed the socket's pending commands, so
+    /// it consumes ZMQ_FD's signal as reading ZMQ_EVENTS would: no need to read ZMQ_EVENTS per
+    /// message (a system call each).
     private func receiveOne() -> Received {
         io.mutex.withLock { io -> Received in
-            guard let socket = io.socket, socket.events.canReceive else { return .none }
-            var outcome = Received.skipped
+            guard let socket = io.socket else { return .none }
+            var outcome = Received.none
             while true {
                 var more = false
                 var output = ZMQMessageDecoder.Output.needMore
@@ -236,6 +241,7 @@ final class ZMQInbox: @unchecked Sendable {
                     return .violation("receiving failed: \(error)")
                 }
                 guard got else { return outcome }
+                if case .none = outcome { outcome = .skipped }
                 switch output {
                 case .needMore: break
                 case .message(let message): outcome = .message(message)

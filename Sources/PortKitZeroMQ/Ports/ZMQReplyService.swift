@@ -21,11 +21,11 @@ final class ZMQReplyService: Sendable {
             return made
         }
     }
-    private static let sharedService = PKMutex<ZMQReplyService?>(nil)
+    private static let sharedService = ZMQMutex<ZMQReplyService?>(nil)
 
     private let inbox: ZMQInbox
-    private let endpoints = PKMutex<[String: String]>([:])
-    private let waiters = PKMutex<[UInt64: ZMQReplyWaiter]>([:])
+    private let endpoints = ZMQMutex<[String: String]>([:])
+    private let waiters = ZMQMutex<[UInt64: ZMQReplyWaiter]>([:])
     private let nextID = Atomic<UInt64>(1)
 
     private init() throws(PKError) {
@@ -95,7 +95,7 @@ final class ZMQReplyWaiter: Sendable {
     /// How long after the remote port's death a reply may still arrive and count.
     static let deathGrace: Duration = .milliseconds(250)
 
-    private let state = PKMutex<Outcome?>(nil)
+    private let state = ZMQMutex<Outcome?>(nil)
     private let wake: @Sendable () -> Void
 
     /// `wake` runs once, on the thread that finishes the wait.

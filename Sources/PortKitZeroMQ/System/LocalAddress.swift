@@ -8,7 +8,7 @@ import PortKit
 
 enum LocalAddress {
     /// Answers already found, by host: a name is resolved once per process.
-    private static let known = PKMutex<[String: String]>([:])
+    private static let known = ZMQMutex<[String: String]>([:])
 
     /// The local IPv4 address the kernel routes toward `host` (an IPv4 literal or a name), or
     /// nil if it has none. Sends nothing: a UDP `connect` only picks the route. Remembered per

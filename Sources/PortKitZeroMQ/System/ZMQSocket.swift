@@ -68,11 +68,26 @@ enum ZMQSocketType {
     }
 }
 
-/// One frame to send: `prefix` then `payload`, copied once into a `zmq_msg_t`.
-struct ZMQOutgoingFrame {
-    var prefix: [UInt8]
-    var payload: [UInt8] = []
-    var count: Int { prefix.count + payload.count }
+/// One frame to send, in libzmq's memory (a `zmq_msg_t`): written once when made, then moved
+/// into a socket by `ZMQSocket.send`. A frame that was never sent is freed with it.
+struct ZMQOutgoingFrame: ~Copyable, @unchecked Sendable {
+    // A plain value: libzmq's message is a 64-byte struct that may be moved (its small-message
+    // bytes sit inside it, a larger one's behind a pointer); it is nullified by a send.
+    fileprivate var message = zmq_msg_t()
+
+    /// A frame of `byteCount` bytes that `write` fills.
+    /// The corresponding call is `zmq_msg_init_size(3)`.
+    init(byteCount: Int, _ write: (UnsafeMutableRawBufferPointer) -> Void) throws(PKError) {
+        guard zmq_msg_init_size(&message, byteCount) == 0 else {
+            throw ZMQError.make(.system, "zmq_msg_init_size", "cannot make a \(byteCount)-byte ZeroMQ frame", errno: zmq_errno())
+        }
+        write(UnsafeMutableRawBufferPointer(start: zmq_msg_data(&message), count: byteCount))
+    }
+
+    deinit {
+        var message = message
+        _ = zmq_msg_close(&message)
+    }
 }
 
 /// A libzmq socket. Owns the socket: `close()` it (the deinit closes one that was not).
@@ -210,32 +225,17 @@ final class ZMQSocket {
 
     // MARK: - Messages
 
-    /// Sends `frames` as one multipart message without waiting.
+    /// Sends `frame` as a single-frame message without waiting; on success the frame is empty.
+    /// The corresponding call is `zmq_msg_send(3)` with `ZMQ_DONTWAIT`.
     ///
-    /// libzmq queues a multipart message whole or not at all: when the first frame is taken,
-    /// the rest are too. The corresponding call is `zmq_msg_send(3)` with `ZMQ_DONTWAIT`.
-    ///
-    /// - Returns: false if nothing was queued because the socket cannot take a message now.
-    func send(_ frames: [ZMQOutgoingFrame]) throws(PKError) -> Bool {
-        for (index, frame) in frames.enumerated() {
-            var message = zmq_msg_t()
-            guard zmq_msg_init_size(&message, frame.count) == 0 else {
-                throw ZMQError.make(.system, "zmq_msg_init_size", "cannot make a \(frame.count)-byte ZeroMQ frame", errno: zmq_errno())
-            }
-            if frame.count > 0, let base = zmq_msg_data(&message) {
-                frame.prefix.withUnsafeBytes { base.copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
-                if !frame.payload.isEmpty {
-                    frame.payload.withUnsafeBytes { (base + frame.prefix.count).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
-                }
-            }
-            let flags = ZMQ_DONTWAIT | (index < frames.count - 1 ? ZMQ_SNDMORE : 0)
-            while zmq_msg_send(&message, open, flags) < 0 {
-                let err = zmq_errno()
-                if err == EINTR { continue }
-                _ = zmq_msg_close(&message)
-                if err == EAGAIN && index == 0 { return false }
-                throw ZMQError.make(.transport, "zmq_msg_send", "sending a ZeroMQ frame failed", errno: err)
-            }
+    /// - Returns: false if nothing was queued because the socket cannot take a message now (the
+    ///   frame is kept, to try again).
+    func send(_ frame: inout ZMQOutgoingFrame) throws(PKError) -> Bool {
+        while zmq_msg_send(&frame.message, open, ZMQ_DONTWAIT) < 0 {
+            let err = zmq_errno()
+            if err == EINTR { continue }
+            if err == EAGAIN { return false }
+            throw ZMQError.make(.transport, "zmq_msg_send", "sending a ZeroMQ frame failed", errno: err)
         }
         return true
     }

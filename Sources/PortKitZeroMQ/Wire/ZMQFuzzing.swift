@@ -5,9 +5,10 @@
 
 import PortKit
 
-/// Drives a `ZMQMessageDecoder` with the frames of multipart messages a fuzzer chose, as libzmq
-/// hands them to a receive port, and traps when a property of the mapping (protocol.md section
-/// 10) or of the name service's messages (10.10) breaks.
+/// Drives a `ZMQMessageDecoder` with the frames of messages a fuzzer chose (one frame each, as
+/// PortKit sends them, or multipart, as a confused or hostile peer may), as libzmq hands them to
+/// a receive port, and traps when a property of the mapping (protocol.md section 10) or of the
+/// name service's messages (10.10) breaks.
 ///
 /// ```
 /// byte 0        bit 0: small limits (64 data bytes, 8 components, 4 ports), so that the limit
@@ -26,18 +27,20 @@ import PortKit
 /// 2 bytes; with a reply port at `endpoints[L / 2]` when L is odd); 1: a data component of L
 /// bytes taken from the bytes that follow; 2: a port component at `endpoints[L]` (port id L);
 /// 3: a data component of 64 * L bytes. Missing bytes read as zeros; a component before any
-/// message starts one. `endpoints` holds valid endpoints and invalid ones. Each message is
-/// encoded with `ZMQMessageEncoder` and decoded: one that `ZMQMessageEncoder.check` accepts and
-/// whose endpoints PortKit accepts decodes to exactly itself; any other is dropped as a violation.
+/// message starts one. `endpoints` holds valid endpoints and invalid ones. Each message that the
+/// wire can carry (every endpoint at most 255 bytes) is encoded with `ZMQMessageEncoder` and
+/// decoded: one that `ZMQMessageEncoder.measure` accepts under the decoder's limits and whose
+/// endpoints PortKit accepts decodes to exactly itself; any other is dropped as a violation.
 ///
 /// The properties, each checked with `precondition`:
-/// - Boundaries: a message is delivered only on a frame without "more", and after such a frame
-///   the decoder is between messages whatever came before (one message never spoils the next).
-/// - A delivered message is valid by the sender's rules (`ZMQMessageEncoder.check`), and each of
+/// - Boundaries: a message is delivered only from a message of one frame, and after a frame
+///   without "more" the decoder is between messages whatever came before (one message never
+///   spoils the next).
+/// - A delivered message is valid by the sender's rules (`ZMQMessageEncoder.measure`), and each of
 ///   its endpoints is one PortKit accepts, written canonically (`ZMQEndpoint`'s `description`
 ///   gives back its very bytes).
-/// - Canonical: re-encoding a delivered message gives exactly the frames it came from.
-/// - Round trip: those frames, through a fresh decoder, give the same message.
+/// - Canonical: re-encoding a delivered message gives exactly the frame it came from.
+/// - Round trip: that frame, through a fresh decoder, gives the same message.
 /// - The name service: a delivered message that the server reads as a request
 ///   (`ZMQNameProtocol.request`, on the message the receive port makes of it) is exactly the
 ///   request a client writes for that name and port; one the client reads as a reply
@@ -118,7 +121,7 @@ enum ZMQFuzzing {
             let more = index < frames.count - 1
             let output = frame.withUnsafeBytes { decoder.consume($0, more: more) }
             if case .message(let message) = output {
-                precondition(!more, "ZMQFuzzing: a message was delivered on a frame with \"more\" set")
+                precondition(frames.count == 1, "ZMQFuzzing: a message was delivered from \(frames.count) frames")
                 delivered = message
             }
         }
@@ -139,8 +142,11 @@ enum ZMQFuzzing {
                 addresses.append(address)
             }
         }
+        let encoded: [UInt8]
         do throws(PKError) {
-            try ZMQMessageEncoder.check(components: components, hasReply: message.reply != nil, limits: limits)
+            encoded = try ZMQMessageEncoder.frame(
+                msgid: message.msgid, destination: message.destination, components: components, reply: message.reply,
+                limits: limits)
         } catch {
             preconditionFailure("ZMQFuzzing: the decoder delivered a message the encoder refuses: \(error)")
         }
@@ -152,15 +158,10 @@ enum ZMQFuzzing {
         }
 
         // Canonical, and round trip through a fresh decoder.
-        let encoded = encode(message.msgid, message.destination, components, message.reply)
-        precondition(encoded == frames, "ZMQFuzzing: \(message) re-encodes to other frames than it came from")
+        precondition([encoded] == frames, "ZMQFuzzing: \(message) re-encodes to another frame than it came from")
         var fresh = ZMQMessageDecoder(limits: limits)
         var again: ZMQDecodedMessage?
-        for (index, frame) in encoded.enumerated() {
-            if case .message(let message) = frame.withUnsafeBytes({ fresh.consume($0, more: index < encoded.count - 1) }) {
-                again = message
-            }
-        }
+        if case .message(let message) = encoded.withUnsafeBytes({ fresh.consume($0, more: false) }) { again = message }
         precondition(again == message, "ZMQFuzzing: \(message) round-trips to \(String(describing: again))")
 
         checkNameService(message, frames: frames)
@@ -179,7 +180,7 @@ enum ZMQFuzzing {
             var components: [ZMQWireComponent] = [.data(Array(name.utf8))]
             if let port { components.append(.port(port.right.address)) }
             let written = encode(msgid, decoded.destination, components, decoded.reply)
-            precondition(written == frames, "ZMQFuzzing: the request \(request) is not what a client writes for it")
+            precondition(written.map { [$0] } == frames, "ZMQFuzzing: the request \(request) is not what a client writes for it")
             checkName(name)
         }
 
@@ -213,7 +214,7 @@ enum ZMQFuzzing {
             }
         }
         let written = encode(reply.msgid, decoded.destination, components, decoded.reply)
-        precondition(written == frames, "ZMQFuzzing: a reply read as \(status) is not what the server writes for it")
+        precondition(written.map { [$0] } == frames, "ZMQFuzzing: a reply read as \(status) is not what the server writes for it")
     }
 
     /// The name rule, byte by byte: 1 to 64 bytes from `A-Z a-z 0-9 . _ -`, the first not a dot.
@@ -254,11 +255,16 @@ enum ZMQFuzzing {
         }
     }
 
-    /// The frames `ZMQMessageEncoder` writes, as bytes.
+    /// The frame `ZMQMessageEncoder` writes, or nil if the wire cannot carry the message (an
+    /// endpoint over 255 bytes); checked against the widest limits the wire has, so that the
+    /// decoder's own limits are what drops the rest.
     private static func encode(_ msgid: UInt32, _ destination: UInt64, _ components: [ZMQWireComponent],
-                               _ reply: ZMQPortAddress?) -> [[UInt8]] {
-        ZMQMessageEncoder.frames(msgid: msgid, destination: destination, components: components, reply: reply)
-            .map { $0.prefix + $0.payload }
+                               _ reply: ZMQPortAddress?) -> [UInt8]? {
+        var wide = ZMQWireLimits(.default)
+        wide.maxComponents = Int(UInt16.max)
+        wide.maxMessageBytes = .max
+        wide.maxPorts = .max
+        return try? ZMQMessageEncoder.frame(msgid: msgid, destination: destination, components: components, reply: reply, limits: wide)
     }
 
     /// The generated mode: messages described by `description`, encoded and decoded one by one.
@@ -305,14 +311,16 @@ enum ZMQFuzzing {
 
         var decoder = ZMQMessageDecoder(limits: limits)
         for described in messages {
-            let frames = encode(described.msgid, described.destination, described.components, described.reply)
-            var valid = (try? ZMQMessageEncoder.check(components: described.components, hasReply: described.reply != nil,
-                                                      limits: limits)) != nil
+            guard let frame = encode(described.msgid, described.destination, described.components, described.reply) else {
+                continue
+            }
+            var valid = (try? ZMQMessageEncoder.measure(components: described.components, reply: described.reply,
+                                                        limits: limits)) != nil
             for case .port(let address) in described.components + (described.reply.map { [ZMQWireComponent.port($0)] } ?? [])
             where !PKZMQEndpoint.isValid(address.endpoint) || address.endpoint.isEmpty {
                 valid = false
             }
-            let delivered = consume(frames, with: &decoder, limits: limits)
+            let delivered = consume([frame], with: &decoder, limits: limits)
             if valid {
                 let expected = ZMQDecodedMessage(
                     msgid: described.msgid, destination: described.destination,

@@ -1,8 +1,9 @@
 #if ZeroMQ
 // The reading side of protocol.md's ZeroMQ mapping: a pure state machine fed one frame at a
 // time (its bytes and libzmq's "more" flag), answering "need more", "a message", or "a
-// violation". A violation drops that one message: the decoder skips the rest of its frames and
-// starts afresh with the next message. No sockets here: the tests feed it frames by hand.
+// violation". A message is one frame; a violation drops that one message: the decoder skips the
+// rest of its frames, if it has more, and starts afresh with the next message. No sockets here:
+// the tests feed it frames by hand.
 
 /// A message as decoded from the wire, its ports still addresses.
 struct ZMQDecodedMessage: Equatable, Sendable {
@@ -19,130 +20,147 @@ struct ZMQDecodedMessage: Equatable, Sendable {
 
 struct ZMQMessageDecoder {
     enum Output {
-        /// The frame was taken; the message continues (or was being skipped).
+        /// The frame was taken and skipped: it belongs to a message already dropped.
         case needMore
         case message(ZMQDecodedMessage)
         /// The message breaks protocol.md; it is dropped. The reason says how.
         case violation(String)
     }
 
-    private enum State {
-        case awaitingHeader
-        /// Component frames left, then the reply frame if `replyPending`.
-        case body(ZMQDecodedMessage, componentsLeft: Int, replyPending: Bool, bytes: Int, ports: Int)
-        /// Skipping the frames of a dropped message until its last frame.
-        case discarding
-    }
-
     let limits: ZMQWireLimits
-    private var state = State.awaitingHeader
+    /// Skipping the frames of a dropped multipart message until its last frame.
+    private var discarding = false
 
     init(limits: ZMQWireLimits) { self.limits = limits }
 
     /// Whether the decoder is between messages.
-    var isIdle: Bool { if case .awaitingHeader = state { true } else { false } }
+    var isIdle: Bool { !discarding }
 
     /// Takes the next frame of the stream.
     mutating func consume(_ frame: UnsafeRawBufferPointer, more: Bool) -> Output {
-        switch state {
-        case .discarding:
-            if !more { state = .awaitingHeader }
+        if discarding {
+            if !more { discarding = false }
             return .needMore
-        case .awaitingHeader:
-            return header(frame, more: more)
-        case .body(var message, let componentsLeft, let replyPending, var bytes, var ports):
-            if componentsLeft > 0 {
-                guard let type = frame.first else { return fail("an empty component frame", more) }
-                switch type {
-                case ZMQWireFormat.typeData:
-                    bytes += frame.count - 1
-                    if bytes > limits.maxMessageBytes {
-                        return fail("the data components exceed \(limits.maxMessageBytes) bytes", more)
-                    }
-                    message.components.append(.data(Array(UnsafeRawBufferPointer(rebasing: frame[1...]))))
-                case ZMQWireFormat.typePort:
-                    ports += 1
-                    if ports > limits.maxPorts { return fail("more than \(limits.maxPorts) ports", more) }
-                    switch Self.portAddress(frame) {
-                    case .success(let address): message.components.append(.port(address))
-                    case .failure(let reason): return fail(reason.text, more)
-                    }
-                default:
-                    return fail("a component frame of unknown type \(type)", more)
-                }
-            } else {
-                ports += 1
-                if ports > limits.maxPorts { return fail("more than \(limits.maxPorts) ports", more) }
-                guard frame.first == ZMQWireFormat.typePort else { return fail("the reply-port frame is not a port frame", more) }
-                switch Self.portAddress(frame) {
-                case .success(let address): message.reply = address
-                case .failure(let reason): return fail(reason.text, more)
-                }
-            }
-            let left = componentsLeft > 0 ? componentsLeft - 1 : 0
-            let replyLeft = componentsLeft > 0 ? replyPending : false
-            return advance(message, componentsLeft: left, replyPending: replyLeft, bytes: bytes, ports: ports, more: more)
         }
-    }
-
-    private mutating func header(_ frame: UnsafeRawBufferPointer, more: Bool) -> Output {
-        guard frame.count == ZMQWireFormat.headerSize else {
-            return fail("the header frame is \(frame.count) bytes, not \(ZMQWireFormat.headerSize)", more)
+        if more {
+            discarding = true
+            return .violation("the message has more than one ZeroMQ frame (a PortKit message is one frame since version 2)")
         }
-        guard frame.prefix(4).elementsEqual(ZMQWireFormat.magic) else { return fail("the header's magic is not \"PKZM\"", more) }
-        let version = frame.loadLittleEndian(at: 4, as: UInt16.self)
-        guard version == ZMQWireFormat.version else { return fail("version \(version) is not supported (only 1)", more) }
-        let flags = frame.loadLittleEndian(at: 6, as: UInt16.self)
-        guard flags & ~ZMQWireFormat.flagReplyPort == 0 else { return fail("unknown header flags \(flags)", more) }
-        let count = Int(frame.loadLittleEndian(at: 12, as: UInt16.self))
-        guard frame.loadLittleEndian(at: 14, as: UInt16.self) == 0 else { return fail("the header's reserved field is not 0", more) }
-        guard count <= limits.maxComponents else { return fail("\(count) components; the limit is \(limits.maxComponents)", more) }
-        var message = ZMQDecodedMessage(
-            msgid: frame.loadLittleEndian(at: 8, as: UInt32.self),
-            destination: frame.loadLittleEndian(at: 16, as: UInt64.self),
-            components: [], reply: nil)
-        message.components.reserveCapacity(count)
-        return advance(message, componentsLeft: count, replyPending: flags & ZMQWireFormat.flagReplyPort != 0, bytes: 0, ports: 0, more: more)
-    }
-
-    /// After a valid frame: the message is complete exactly when no frame is left and libzmq
-    /// says none follows.
-    private mutating func advance(
-        _ message: ZMQDecodedMessage, componentsLeft: Int, replyPending: Bool, bytes: Int, ports: Int, more: Bool
-    ) -> Output {
-        let framesLeft = componentsLeft + (replyPending ? 1 : 0)
-        if framesLeft == 0 {
-            if more { return fail("more frames than the header announces", more) }
-            state = .awaitingHeader
-            return .message(message)
+        var reader = Reader(frame: frame)
+        switch reader.message(limits: limits) {
+        case .success(let message): return .message(message)
+        case .failure(let reason): return .violation(reason.text)
         }
-        if !more {
-            state = .awaitingHeader
-            return .violation("the message ends \(framesLeft) frame(s) before the header says")
-        }
-        state = .body(message, componentsLeft: componentsLeft, replyPending: replyPending, bytes: bytes, ports: ports)
-        return .needMore
-    }
-
-    private mutating func fail(_ reason: String, _ more: Bool) -> Output {
-        state = more ? .discarding : .awaitingHeader
-        return .violation(reason)
     }
 
     struct Reason: Error { let text: String }
 
-    /// A port frame: type 2, the port id, then a valid endpoint in UTF-8.
-    static func portAddress(_ frame: UnsafeRawBufferPointer) -> Result<ZMQPortAddress, Reason> {
-        let prefix = ZMQWireFormat.portFramePrefix
-        guard frame.count > prefix else { return .failure(Reason(text: "a port frame without an endpoint")) }
-        let endpointBytes = UnsafeRawBufferPointer(rebasing: frame[prefix...])
-        guard let endpoint = String(validating: endpointBytes, as: UTF8.self) else {
-            return .failure(Reason(text: "a port frame whose endpoint is not UTF-8"))
+    /// Reads one frame from the start; every read checks the bytes left first.
+    private struct Reader {
+        let frame: UnsafeRawBufferPointer
+        var offset = 0
+
+        init(frame: UnsafeRawBufferPointer) { self.frame = frame }
+
+        var left: Int { frame.count - offset }
+
+        mutating func message(limits: ZMQWireLimits) -> Result<ZMQDecodedMessage, Reason> {
+            guard frame.count >= ZMQWireFormat.headerSize else {
+                return .failure(Reason(text: "the message is \(frame.count) bytes, shorter than the \(ZMQWireFormat.headerSize)-byte header"))
+            }
+            guard frame.prefix(4).elementsEqual(ZMQWireFormat.magic) else { return .failure(Reason(text: "the header's magic is not \"PKZM\"")) }
+            let version = frame.loadLittleEndian(at: 4, as: UInt16.self)
+            guard version == ZMQWireFormat.version else {
+                return .failure(Reason(text: "version \(version) is not supported (only \(ZMQWireFormat.version))"))
+            }
+            let flags = frame.loadLittleEndian(at: 6, as: UInt16.self)
+            guard flags & ~ZMQWireFormat.flagReplyPort == 0 else { return .failure(Reason(text: "unknown header flags \(flags)")) }
+            let count = Int(frame.loadLittleEndian(at: 12, as: UInt16.self))
+            guard frame.loadLittleEndian(at: 14, as: UInt16.self) == 0 else { return .failure(Reason(text: "the header's reserved field is not 0")) }
+            guard count <= limits.maxComponents else { return .failure(Reason(text: "\(count) components; the limit is \(limits.maxComponents)")) }
+            var message = ZMQDecodedMessage(
+                msgid: frame.loadLittleEndian(at: 8, as: UInt32.self),
+                destination: frame.loadLittleEndian(at: 16, as: UInt64.self),
+                components: [], reply: nil)
+            offset = ZMQWireFormat.headerSize
+
+            var bytes = 0
+            var ports = 0
+            if count == 1 {
+                // One component, the common case: an array literal, not the growth path.
+                switch component(bytes: &bytes, ports: &ports, limits: limits) {
+                case .success(let component): message.components = [component]
+                case .failure(let reason): return .failure(reason)
+                }
+            } else if count > 1 {
+                message.components.reserveCapacity(count)
+                for _ in 0..<count {
+                    switch component(bytes: &bytes, ports: &ports, limits: limits) {
+                    case .success(let component): message.components.append(component)
+                    case .failure(let reason): return .failure(reason)
+                    }
+                }
+            }
+            if flags & ZMQWireFormat.flagReplyPort != 0 {
+                guard left > 0 else { return .failure(Reason(text: "the message ends before its reply port")) }
+                guard frame[offset] == ZMQWireFormat.typePort else { return .failure(Reason(text: "the reply port is not a port component")) }
+                ports += 1
+                guard ports <= limits.maxPorts else { return .failure(Reason(text: "more than \(limits.maxPorts) ports")) }
+                switch port() {
+                case .success(let address): message.reply = address
+                case .failure(let reason): return .failure(reason)
+                }
+            }
+            guard left == 0 else { return .failure(Reason(text: "\(left) bytes follow the message's last component")) }
+            return .success(message)
         }
-        guard (try? ZMQEndpoint(parsing: endpoint)) != nil else {
-            return .failure(Reason(text: "a port frame with an endpoint PortKit does not accept: \"\(endpoint.prefix(80))\""))
+
+        private mutating func component(bytes: inout Int, ports: inout Int, limits: ZMQWireLimits)
+            -> Result<ZMQDecodedMessage.Component, Reason>
+        {
+            guard left > 0 else { return .failure(Reason(text: "the message ends before the components its header announces")) }
+            switch frame[offset] {
+            case ZMQWireFormat.typeData:
+                guard left >= ZMQWireFormat.dataPrefix else { return .failure(Reason(text: "a data component's length is cut off")) }
+                let length = Int(frame.loadLittleEndian(at: offset + 1, as: UInt32.self))
+                offset += ZMQWireFormat.dataPrefix
+                guard length <= left else {
+                    return .failure(Reason(text: "a data component of \(length) bytes where \(left) are left"))
+                }
+                bytes += length
+                guard bytes <= limits.maxMessageBytes else {
+                    return .failure(Reason(text: "the data components exceed \(limits.maxMessageBytes) bytes"))
+                }
+                let data = Array(UnsafeRawBufferPointer(rebasing: frame[offset..<offset + length]))
+                offset += length
+                return .success(.data(data))
+            case ZMQWireFormat.typePort:
+                ports += 1
+                guard ports <= limits.maxPorts else { return .failure(Reason(text: "more than \(limits.maxPorts) ports")) }
+                return port().map { .port($0) }
+            case let type:
+                return .failure(Reason(text: "a component of unknown type \(type)"))
+            }
         }
-        return .success(ZMQPortAddress(endpoint: endpoint, portID: frame.loadLittleEndian(at: 1, as: UInt64.self)))
+
+        /// A port component: type 2, the port id, the endpoint's length, a valid endpoint in UTF-8.
+        private mutating func port() -> Result<ZMQPortAddress, Reason> {
+            guard left >= ZMQWireFormat.portPrefix else { return .failure(Reason(text: "a port component is cut off")) }
+            let portID = frame.loadLittleEndian(at: offset + 1, as: UInt64.self)
+            let length = Int(frame.loadLittleEndian(at: offset + 9, as: UInt16.self))
+            offset += ZMQWireFormat.portPrefix
+            guard length > 0 else { return .failure(Reason(text: "a port component without an endpoint")) }
+            guard length <= left else { return .failure(Reason(text: "a port's endpoint of \(length) bytes where \(left) are left")) }
+            let endpointBytes = UnsafeRawBufferPointer(rebasing: frame[offset..<offset + length])
+            offset += length
+            guard let endpoint = String(validating: endpointBytes, as: UTF8.self) else {
+                return .failure(Reason(text: "a port component whose endpoint is not UTF-8"))
+            }
+            guard (try? ZMQEndpoint(parsing: endpoint)) != nil else {
+                return .failure(Reason(text: "a port component with an endpoint PortKit does not accept: \"\(endpoint.prefix(80))\""))
+            }
+            return .success(ZMQPortAddress(endpoint: endpoint, portID: portID))
+        }
     }
 }
 #endif

@@ -1,6 +1,8 @@
 #if ZeroMQ
-// Turning a port message into the frames of protocol.md's ZeroMQ mapping, after checking it
-// against the limits (a sender refuses what a receiver would drop).
+// Turning a port message into the one frame of protocol.md's ZeroMQ mapping, after checking it
+// against the limits (a sender refuses what a receiver would drop). Measuring and writing are
+// two passes over the same components, so a message goes straight into libzmq's frame with no
+// buffer of its own.
 
 import PortKit
 
@@ -11,20 +13,31 @@ enum ZMQWireComponent {
 }
 
 enum ZMQMessageEncoder {
-    /// Checks a message against `limits`.
+    /// Checks a message against `limits` and returns the size of its frame.
     ///
-    /// - Throws: `.limitExceeded` naming the limit.
-    static func check(components: [ZMQWireComponent], hasReply: Bool, limits: ZMQWireLimits) throws(PKError) {
+    /// - Throws: `.limitExceeded` naming the limit (an endpoint over 255 bytes included).
+    static func measure(
+        components: some Collection<ZMQWireComponent>, reply: ZMQPortAddress?, limits: ZMQWireLimits
+    ) throws(PKError) -> Int {
         if components.count > limits.maxComponents {
             throw PKError(.limitExceeded, "the message has \(components.count) components; the limit is \(limits.maxComponents)")
         }
         var bytes = 0
-        var ports = hasReply ? 1 : 0
+        var ports = 0
+        var size = ZMQWireFormat.headerSize
         for component in components {
             switch component {
-            case .data(let data): bytes += data.count
-            case .port: ports += 1
+            case .data(let data):
+                bytes += data.count
+                size += ZMQWireFormat.dataPrefix + data.count
+            case .port(let address):
+                ports += 1
+                size += try portSize(address)
             }
+        }
+        if let reply {
+            ports += 1
+            size += try portSize(reply)
         }
         if bytes > limits.maxMessageBytes {
             throw PKError(.limitExceeded, "the message holds \(bytes) data bytes; the limit is \(limits.maxMessageBytes)")
@@ -32,37 +45,76 @@ enum ZMQMessageEncoder {
         if ports > limits.maxPorts {
             throw PKError(.limitExceeded, "the message holds \(ports) ports (the reply port included); the limit is \(limits.maxPorts)")
         }
+        return size
     }
 
-    /// The frames of one message, header first.
-    static func frames(
-        msgid: UInt32, destination: UInt64, components: [ZMQWireComponent], reply: ZMQPortAddress?
-    ) -> [ZMQOutgoingFrame] {
-        var header = ZMQWireFormat.magic
-        header.reserveCapacity(ZMQWireFormat.headerSize)
-        header.appendLittleEndian(ZMQWireFormat.version)
-        header.appendLittleEndian(reply == nil ? UInt16(0) : ZMQWireFormat.flagReplyPort)
-        header.appendLittleEndian(msgid)
-        header.appendLittleEndian(UInt16(components.count))
-        header.appendLittleEndian(UInt16(0))
-        header.appendLittleEndian(destination)
-        var frames = [ZMQOutgoingFrame(prefix: header)]
-        frames.reserveCapacity(2 + components.count)
+    private static func portSize(_ address: ZMQPortAddress) throws(PKError) -> Int {
+        let length = address.endpoint.utf8.count
+        if length > PKZMQEndpoint.maxLength {
+            throw PKError(.limitExceeded, "a port's endpoint is \(length) bytes; the limit is \(PKZMQEndpoint.maxLength)")
+        }
+        return ZMQWireFormat.portPrefix + length
+    }
+
+    /// Writes the frame of a message into `frame`, which is exactly as long as `measure` said.
+    static func write(
+        msgid: UInt32, destination: UInt64, components: some Collection<ZMQWireComponent>, reply: ZMQPortAddress?,
+        into frame: UnsafeMutableRawBufferPointer
+    ) {
+        for (index, byte) in ZMQWireFormat.magic.enumerated() { frame[index] = byte }
+        frame.storeLittleEndian(ZMQWireFormat.version, at: 4)
+        frame.storeLittleEndian(reply == nil ? UInt16(0) : ZMQWireFormat.flagReplyPort, at: 6)
+        frame.storeLittleEndian(msgid, at: 8)
+        frame.storeLittleEndian(UInt16(truncatingIfNeeded: components.count), at: 12)
+        frame.storeLittleEndian(UInt16(0), at: 14)
+        frame.storeLittleEndian(destination, at: 16)
+        var offset = ZMQWireFormat.headerSize
         for component in components {
             switch component {
-            case .data(let bytes): frames.append(ZMQOutgoingFrame(prefix: [ZMQWireFormat.typeData], payload: bytes))
-            case .port(let address): frames.append(portFrame(address))
+            case .data(let data):
+                frame[offset] = ZMQWireFormat.typeData
+                frame.storeLittleEndian(UInt32(truncatingIfNeeded: data.count), at: offset + 1)
+                offset += ZMQWireFormat.dataPrefix
+                data.withUnsafeBytes { bytes in
+                    guard let base = bytes.baseAddress, let target = frame.baseAddress else { return }
+                    (target + offset).copyMemory(from: base, byteCount: bytes.count)
+                }
+                offset += data.count
+            case .port(let address):
+                offset = writePort(address, into: frame, at: offset)
             }
         }
-        if let reply { frames.append(portFrame(reply)) }
-        return frames
+        if let reply { offset = writePort(reply, into: frame, at: offset) }
+        precondition(offset == frame.count, "PortKitZeroMQ bug: a message was measured at \(frame.count) bytes and written in \(offset)")
     }
 
-    private static func portFrame(_ address: ZMQPortAddress) -> ZMQOutgoingFrame {
-        var prefix = [ZMQWireFormat.typePort]
-        prefix.appendLittleEndian(address.portID)
-        prefix.append(contentsOf: address.endpoint.utf8)
-        return ZMQOutgoingFrame(prefix: prefix)
+    private static func writePort(_ address: ZMQPortAddress, into frame: UnsafeMutableRawBufferPointer, at start: Int) -> Int {
+        var offset = start
+        frame[offset] = ZMQWireFormat.typePort
+        frame.storeLittleEndian(address.portID, at: offset + 1)
+        let endpoint = address.endpoint.utf8
+        frame.storeLittleEndian(UInt16(truncatingIfNeeded: endpoint.count), at: offset + 9)
+        offset += ZMQWireFormat.portPrefix
+        for byte in endpoint {
+            frame[offset] = byte
+            offset += 1
+        }
+        return offset
+    }
+
+    /// The frame of a message as bytes (tests, the fuzzer, and the checks of the name service).
+    ///
+    /// - Throws: `.limitExceeded` as `measure` does.
+    static func frame(
+        msgid: UInt32, destination: UInt64, components: [ZMQWireComponent], reply: ZMQPortAddress?,
+        limits: ZMQWireLimits = ZMQWireLimits(.default)
+    ) throws(PKError) -> [UInt8] {
+        let size = try measure(components: components, reply: reply, limits: limits)
+        return [UInt8](unsafeUninitializedCapacity: size) { buffer, count in
+            write(msgid: msgid, destination: destination, components: components, reply: reply,
+                  into: UnsafeMutableRawBufferPointer(buffer))
+            count = size
+        }
     }
 }
 #endif

@@ -1,6 +1,6 @@
 #if ZeroMQ
-// The numbers of protocol.md's "ZeroMQ mapping": one port message is one multipart ZeroMQ
-// message of a 24-byte header frame, one frame per component, and a reply-port frame.
+// The numbers of protocol.md's "ZeroMQ mapping": one port message is one ZeroMQ frame, a
+// 24-byte header and then its components and its reply port, each a type byte and a length.
 // Every integer is little-endian.
 
 import PortKit
@@ -8,18 +8,21 @@ import PortKit
 enum ZMQWireFormat {
     /// "PKZM".
     static let magic: [UInt8] = [0x50, 0x4B, 0x5A, 0x4D]
-    static let version: UInt16 = 1
+    /// Version 2: the whole message in one frame. (Version 1 sent a frame per component.)
+    static let version: UInt16 = 2
     static let headerSize = 24
 
     /// Header flags.
     static let flagReplyPort: UInt16 = 1 << 0
 
-    /// The first byte of a component frame (and of the reply-port frame, a port frame).
+    /// The first byte of a component (and of the reply port, a port component).
     static let typeData: UInt8 = 1
     static let typePort: UInt8 = 2
 
-    /// A port frame: type, port id (u64), endpoint.
-    static let portFramePrefix = 9
+    /// A data component before its bytes: type, length (u32).
+    static let dataPrefix = 5
+    /// A port component before its endpoint: type, port id (u64), endpoint length (u16).
+    static let portPrefix = 11
 }
 
 /// Where a port lives: an endpoint and the port's id there (0 is the receive port bound at
@@ -33,7 +36,7 @@ struct ZMQPortAddress: Hashable, Sendable {
 struct ZMQWireLimits: Sendable {
     var maxMessageBytes: Int
     var maxComponents: Int
-    /// Port frames in one message, the reply port included (`PKPortLimits.maxDescriptors`).
+    /// Port components in one message, the reply port included (`PKPortLimits.maxDescriptors`).
     var maxPorts: Int
 
     init(_ limits: PKPortLimits) {
@@ -42,10 +45,12 @@ struct ZMQWireLimits: Sendable {
         maxPorts = limits.maxDescriptors
     }
 
-    /// `ZMQ_MAXMSGSIZE`: the largest frame a message within these limits can have (a data
-    /// frame holding every data byte, or a port frame with the longest endpoint).
+    /// `ZMQ_MAXMSGSIZE`: the largest frame a message within these limits can have (every data
+    /// byte, a data component's prefix for each component, and the longest endpoint for each
+    /// port).
     var largestFrame: Int {
-        max(1 + maxMessageBytes, ZMQWireFormat.portFramePrefix + PKZMQEndpoint.maxLength, ZMQWireFormat.headerSize)
+        ZMQWireFormat.headerSize + maxMessageBytes + ZMQWireFormat.dataPrefix * maxComponents
+            + (ZMQWireFormat.portPrefix + PKZMQEndpoint.maxLength) * maxPorts
     }
 }
 
@@ -59,6 +64,12 @@ extension Array where Element == UInt8 {
 extension UnsafeRawBufferPointer {
     func loadLittleEndian<T: FixedWidthInteger>(at offset: Int, as type: T.Type) -> T {
         T(littleEndian: loadUnaligned(fromByteOffset: offset, as: T.self))
+    }
+}
+
+extension UnsafeMutableRawBufferPointer {
+    func storeLittleEndian<T: FixedWidthInteger>(_ value: T, at offset: Int) {
+        storeBytes(of: value.littleEndian, toByteOffset: offset, as: T.self)
     }
 }
 #endif

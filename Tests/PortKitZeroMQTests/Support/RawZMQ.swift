@@ -70,25 +70,30 @@ final class RawZMQSocket: @unchecked Sendable {
     static let disconnected = ZMQ_EVENT_DISCONNECTED
 }
 
-/// The frames of a valid message, written out by hand from protocol.md section 10.2.
-func handMadeFrames(msgid: UInt32, data: [[UInt8]], reply: (String, UInt64)? = nil, destination: UInt64 = 0) -> [[UInt8]] {
-    var header: [UInt8] = Array("PKZM".utf8)
-    func put<T: FixedWidthInteger>(_ value: T, into bytes: inout [UInt8]) {
+/// A valid message, written out by hand from protocol.md section 10.2: one frame, the header,
+/// a data component for each of `data`, and the reply port if given.
+func handMadeMessage(msgid: UInt32, data: [[UInt8]], reply: (String, UInt64)? = nil, destination: UInt64 = 0) -> [UInt8] {
+    var bytes: [UInt8] = Array("PKZM".utf8)
+    func put<T: FixedWidthInteger>(_ value: T) {
         withUnsafeBytes(of: value.littleEndian) { bytes.append(contentsOf: $0) }
     }
-    put(UInt16(1), into: &header)
-    put(UInt16(reply == nil ? 0 : 1), into: &header)
-    put(msgid, into: &header)
-    put(UInt16(data.count), into: &header)
-    put(UInt16(0), into: &header)
-    put(destination, into: &header)
-    var frames = [header] + data.map { [1] + $0 }
-    if let (endpoint, id) = reply {
-        var frame: [UInt8] = [2]
-        put(id, into: &frame)
-        frame += Array(endpoint.utf8)
-        frames.append(frame)
+    put(UInt16(2))
+    put(UInt16(reply == nil ? 0 : 1))
+    put(msgid)
+    put(UInt16(data.count))
+    put(UInt16(0))
+    put(destination)
+    for chunk in data {
+        bytes.append(1)
+        put(UInt32(chunk.count))
+        bytes += chunk
     }
-    return frames
+    if let (endpoint, id) = reply {
+        bytes.append(2)
+        put(id)
+        put(UInt16(endpoint.utf8.count))
+        bytes += Array(endpoint.utf8)
+    }
+    return bytes
 }
 #endif
