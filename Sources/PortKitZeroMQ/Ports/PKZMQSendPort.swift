@@ -63,7 +63,8 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
     /// - Throws: `.sendTimedOut`; `.invalidPort` (the right is or became invalid while waiting);
     ///   `.limitExceeded` (the message is over `PKPortLimits.default`); `.transport`.
     public func send(_ message: PKZMQMessage, before deadline: PKDeadline) throws(PKError) {
-        try send(message, reply: nil, on: try right.connection(), before: deadline)
+        // The connection's death is checked by its send, under its socket's lock.
+        try send(message, reply: nil, on: try right.connectionEvenIfDead(), before: deadline)
     }
 
     /// Sends `message`, waiting at most `timeout` for room.
