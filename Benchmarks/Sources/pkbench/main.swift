@@ -15,7 +15,9 @@
 //                                             portkit-processes, c-processes; for profiles also
 //                                             portkit-threads-idle1000, portkit-request-threads,
 //                                             portkit-request-processes,
-//                                             portkit-stream64-threads (N messages), portkit-spawn)
+//                                             portkit-stream64-threads (N messages), portkit-spawn;
+//                                             with the trait, portkit-zmq-stream64 and
+//                                             zmq-stream64: ipc:// streams, N messages)
 //   pkbench memory                            user-space bytes per idle port (JSON)
 //   pkbench foundation rt|stream PLACEMENT    Foundation SocketPort + RunLoop (JSON); may crash
 //   pkbench compare [REGEX]                   PortKit and its baselines interleaved batch by batch
@@ -100,6 +102,10 @@ case "rt":
         case "portkit-stream64-threads": workload = try PortKitPair(.thread, .stream, .none)
         case "portkit-stream64-processes": workload = try PortKitPair(.namedProcess, .stream, .none)
         case "portkit-spawn": workload = try PortKitSpawn(.none)
+        #if ZeroMQ
+        case "portkit-zmq-stream64": workload = try PortKitZMQPair(.ipc, .stream, .none)
+        case "zmq-stream64": workload = try ZMQStream(.ipc, .none, size: 64)
+        #endif
         default: fail("rt: unknown kind \(argument(1))")
         }
         _ = try workload.run(200)

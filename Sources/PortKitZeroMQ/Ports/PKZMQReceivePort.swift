@@ -126,7 +126,7 @@ public final class PKZMQReceivePort: @unchecked Sendable, CustomStringConvertibl
         if remaining.isEmpty { keptByLoop = nil }
     }
 
-    private func deliver(_ decoded: ZMQDecodedMessage) {
+    private func deliver(_ decoded: ZMQDecoded<PKZMQComponent>) {
         guard decoded.destination == 0 else {
             violation("the message is for port id \(decoded.destination), and a receive port is port id 0 at its endpoint")
             return
@@ -194,7 +194,14 @@ extension PKRunLoop {
 }
 
 extension PKZMQMessage {
-    /// A message off the wire: its port addresses become send rights (connected on first use).
+    /// A message off the wire, its components made by the decoder: its reply port's address
+    /// becomes a send right (connected on first use).
+    init(_ decoded: ZMQDecoded<PKZMQComponent>) {
+        self.init(msgid: decoded.msgid, components: decoded.components, replyPort: decoded.reply.map { PKZMQSendPort(address: $0) })
+    }
+
+    /// A message decoded with its ports as addresses (the fuzzer's), as a receive port would
+    /// have delivered it.
     init(_ decoded: ZMQDecodedMessage) {
         self.init(
             msgid: decoded.msgid,
@@ -206,5 +213,12 @@ extension PKZMQMessage {
             },
             replyPort: decoded.reply.map { PKZMQSendPort(address: $0) })
     }
+}
+
+/// A receive port decodes straight into the components it delivers; a port's address becomes a
+/// send right (connected on first use).
+extension PKZMQComponent: ZMQDecodableComponent {
+    static func decoded(data: [UInt8]) -> Self { .data(data) }
+    static func decoded(port: ZMQPortAddress) -> Self { .port(PKZMQSendPort(address: port)) }
 }
 #endif

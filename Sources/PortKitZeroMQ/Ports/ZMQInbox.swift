@@ -37,7 +37,7 @@ final class ZMQInbox: @unchecked Sendable {
         var socket: ZMQSocket?
         /// Reads the socket's ZMQ_EVENT_CLOSED events, to close synchronously.
         var closedEvents: ZMQSocket?
-        var decoder: ZMQMessageDecoder
+        var decoder: ZMQDecoder<PKZMQComponent>
         var claims: [EndpointClaim] = []
         /// The endpoints bound, as libzmq resolved them.
         var bound: [String] = []
@@ -90,7 +90,7 @@ final class ZMQInbox: @unchecked Sendable {
     private weak var loop: PKRunLoop?
     private var modes: Set<PKRunLoopMode> = []
     /// Called on the loop with each valid message, and with the reason of each dropped one.
-    var onMessage: (ZMQDecodedMessage) -> Void = { _ in }
+    var onMessage: (ZMQDecoded<PKZMQComponent>) -> Void = { _ in }
     var onViolation: (String) -> Void = { _ in }
     /// Called on the loop if the loop drops the inbox's sources (its thread ended).
     var onCancel: () -> Void = {}
@@ -103,7 +103,7 @@ final class ZMQInbox: @unchecked Sendable {
         try closedEvents.connect(address)
         self.limits = ZMQWireLimits(limits)
         descriptor = socket.pollDescriptor
-        io = LockedIO(IO(socket: socket, closedEvents: closedEvents, decoder: ZMQMessageDecoder(limits: ZMQWireLimits(limits))))
+        io = LockedIO(IO(socket: socket, closedEvents: closedEvents, decoder: ZMQDecoder(limits: ZMQWireLimits(limits))))
     }
 
     /// Binds `endpoint` (an `ipc://` path under its lock first) and returns the endpoint
@@ -216,7 +216,7 @@ final class ZMQInbox: @unchecked Sendable {
     }
 
     private enum Received {
-        case none, message(ZMQDecodedMessage), violation(String), skipped
+        case none, message(ZMQDecoded<PKZMQComponent>), violation(String), skipped
     }
 
     /// Receives one whole message (one frame; a peer's multipart message is read to its end,
@@ -230,7 +230,7 @@ final class ZMQInbox: @unchecked Sendable {
             var outcome = Received.none
             while true {
                 var more = false
-                var output = ZMQMessageDecoder.Output.needMore
+                var output = ZMQDecoder<PKZMQComponent>.Output.needMore
                 let got: Bool
                 do throws(PKError) {
                     got = try socket.receiveFrame { bytes, hasMore in

@@ -78,7 +78,7 @@ final class ZMQReplyService: Sendable {
     }
 
     /// On the background loop: a reply arrived.
-    private func deliver(_ decoded: ZMQDecodedMessage) {
+    private func deliver(_ decoded: ZMQDecoded<PKZMQComponent>) {
         guard let waiter = waiters.withLock({ $0.removeValue(forKey: decoded.destination) }) else { return }
         waiter.finish(.reply(PKZMQMessage(decoded)))
     }

@@ -5,12 +5,21 @@
 // rest of its frames, if it has more, and starts afresh with the next message. No sockets here:
 // the tests feed it frames by hand.
 
-/// A message as decoded from the wire, its ports still addresses.
-struct ZMQDecodedMessage: Equatable, Sendable {
-    enum Component: Equatable, Sendable {
-        case data([UInt8])
-        case port(ZMQPortAddress)
-    }
+/// A component as the decoder makes it: from bytes, or from a port's address. The receive ports
+/// decode straight into `PKZMQComponent` (no second array per message); the tests and the
+/// fuzzer into `ZMQWireComponent`, whose ports stay addresses.
+protocol ZMQDecodableComponent {
+    static func decoded(data: [UInt8]) -> Self
+    static func decoded(port: ZMQPortAddress) -> Self
+}
+
+extension ZMQWireComponent: ZMQDecodableComponent {
+    static func decoded(data: [UInt8]) -> Self { .data(data) }
+    static func decoded(port: ZMQPortAddress) -> Self { .port(port) }
+}
+
+/// A message as decoded from the wire, its reply port still an address.
+struct ZMQDecoded<Component> {
     var msgid: UInt32
     /// The port id the message is for, at the receiving endpoint.
     var destination: UInt64
@@ -18,11 +27,19 @@ struct ZMQDecodedMessage: Equatable, Sendable {
     var reply: ZMQPortAddress?
 }
 
-struct ZMQMessageDecoder {
+extension ZMQDecoded: Equatable where Component: Equatable {}
+extension ZMQDecoded: Sendable where Component: Sendable {}
+
+/// A decoded message whose ports are all still addresses.
+typealias ZMQDecodedMessage = ZMQDecoded<ZMQWireComponent>
+/// The decoder the tests and the fuzzer use.
+typealias ZMQMessageDecoder = ZMQDecoder<ZMQWireComponent>
+
+struct ZMQDecoder<Component: ZMQDecodableComponent> {
     enum Output {
         /// The frame was taken and skipped: it belongs to a message already dropped.
         case needMore
-        case message(ZMQDecodedMessage)
+        case message(ZMQDecoded<Component>)
         /// The message breaks protocol.md; it is dropped. The reason says how.
         case violation(String)
     }
@@ -64,7 +81,7 @@ struct ZMQMessageDecoder {
 
         var left: Int { frame.count - offset }
 
-        mutating func message(limits: ZMQWireLimits) -> Result<ZMQDecodedMessage, Reason> {
+        mutating func message(limits: ZMQWireLimits) -> Result<ZMQDecoded<Component>, Reason> {
             guard frame.count >= ZMQWireFormat.headerSize else {
                 return .failure(Reason(text: "the message is \(frame.count) bytes, shorter than the \(ZMQWireFormat.headerSize)-byte header"))
             }
@@ -78,7 +95,7 @@ struct ZMQMessageDecoder {
             let count = Int(frame.loadLittleEndian(at: 12, as: UInt16.self))
             guard frame.loadLittleEndian(at: 14, as: UInt16.self) == 0 else { return .failure(Reason(text: "the header's reserved field is not 0")) }
             guard count <= limits.maxComponents else { return .failure(Reason(text: "\(count) components; the limit is \(limits.maxComponents)")) }
-            var message = ZMQDecodedMessage(
+            var message = ZMQDecoded<Component>(
                 msgid: frame.loadLittleEndian(at: 8, as: UInt32.self),
                 destination: frame.loadLittleEndian(at: 16, as: UInt64.self),
                 components: [], reply: nil)
@@ -116,7 +133,7 @@ struct ZMQMessageDecoder {
         }
 
         private mutating func component(bytes: inout Int, ports: inout Int, limits: ZMQWireLimits)
-            -> Result<ZMQDecodedMessage.Component, Reason>
+            -> Result<Component, Reason>
         {
             guard left > 0 else { return .failure(Reason(text: "the message ends before the components its header announces")) }
             switch frame[offset] {
@@ -133,11 +150,11 @@ struct ZMQMessageDecoder {
                 }
                 let data = Array(UnsafeRawBufferPointer(rebasing: frame[offset..<offset + length]))
                 offset += length
-                return .success(.data(data))
+                return .success(.decoded(data: data))
             case ZMQWireFormat.typePort:
                 ports += 1
                 guard ports <= limits.maxPorts else { return .failure(Reason(text: "more than \(limits.maxPorts) ports")) }
-                return port().map { .port($0) }
+                return port().map { .decoded(port: $0) }
             case let type:
                 return .failure(Reason(text: "a component of unknown type \(type)"))
             }

@@ -6,19 +6,33 @@
 
 import PortKit
 
-/// A component ready to encode: bytes, or the address of a port.
-enum ZMQWireComponent {
+/// A component ready to encode, or as decoded for the tests and the fuzzer: bytes, or the
+/// address of a port.
+enum ZMQWireComponent: Equatable, Sendable {
     case data([UInt8])
     case port(ZMQPortAddress)
+}
+
+/// A component as the encoder reads it: the bytes of a data component, or the address of a port.
+protocol ZMQEncodableComponent {
+    /// The bytes of a data component; nil for a port.
+    var encodableData: [UInt8]? { get }
+    /// The address of a port component, as the message's destination reaches it; nil for data.
+    var encodablePort: ZMQPortAddress? { get }
+}
+
+extension ZMQWireComponent: ZMQEncodableComponent {
+    var encodableData: [UInt8]? { if case .data(let bytes) = self { bytes } else { nil } }
+    var encodablePort: ZMQPortAddress? { if case .port(let address) = self { address } else { nil } }
 }
 
 enum ZMQMessageEncoder {
     /// Checks a message against `limits` and returns the size of its frame.
     ///
     /// - Throws: `.limitExceeded` naming the limit (an endpoint over 255 bytes included).
-    static func measure(
-        components: some Collection<ZMQWireComponent>, reply: ZMQPortAddress?, limits: ZMQWireLimits
-    ) throws(PKError) -> Int {
+    static func measure<Components: Collection>(
+        components: Components, reply: ZMQPortAddress?, limits: ZMQWireLimits
+    ) throws(PKError) -> Int where Components.Element: ZMQEncodableComponent {
         if components.count > limits.maxComponents {
             throw PKError(.limitExceeded, "the message has \(components.count) components; the limit is \(limits.maxComponents)")
         }
@@ -26,11 +40,10 @@ enum ZMQMessageEncoder {
         var ports = 0
         var size = ZMQWireFormat.headerSize
         for component in components {
-            switch component {
-            case .data(let data):
+            if let data = component.encodableData {
                 bytes += data.count
                 size += ZMQWireFormat.dataPrefix + data.count
-            case .port(let address):
+            } else if let address = component.encodablePort {
                 ports += 1
                 size += try portSize(address)
             }
@@ -57,11 +70,11 @@ enum ZMQMessageEncoder {
     }
 
     /// Writes the frame of a message into `frame`, which is exactly as long as `measure` said.
-    static func write(
-        msgid: UInt32, destination: UInt64, components: some Collection<ZMQWireComponent>, reply: ZMQPortAddress?,
+    static func write<Components: Collection>(
+        msgid: UInt32, destination: UInt64, components: Components, reply: ZMQPortAddress?,
         into frame: UnsafeMutableRawBufferPointer
-    ) {
-        for (index, byte) in ZMQWireFormat.magic.enumerated() { frame[index] = byte }
+    ) where Components.Element: ZMQEncodableComponent {
+        frame.storeLittleEndian(ZMQWireFormat.magicWord, at: 0)
         frame.storeLittleEndian(ZMQWireFormat.version, at: 4)
         frame.storeLittleEndian(reply == nil ? UInt16(0) : ZMQWireFormat.flagReplyPort, at: 6)
         frame.storeLittleEndian(msgid, at: 8)
@@ -70,8 +83,7 @@ enum ZMQMessageEncoder {
         frame.storeLittleEndian(destination, at: 16)
         var offset = ZMQWireFormat.headerSize
         for component in components {
-            switch component {
-            case .data(let data):
+            if let data = component.encodableData {
                 frame[offset] = ZMQWireFormat.typeData
                 frame.storeLittleEndian(UInt32(truncatingIfNeeded: data.count), at: offset + 1)
                 offset += ZMQWireFormat.dataPrefix
@@ -80,7 +92,7 @@ enum ZMQMessageEncoder {
                     (target + offset).copyMemory(from: base, byteCount: bytes.count)
                 }
                 offset += data.count
-            case .port(let address):
+            } else if let address = component.encodablePort {
                 offset = writePort(address, into: frame, at: offset)
             }
         }

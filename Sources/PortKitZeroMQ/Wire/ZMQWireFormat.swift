@@ -8,6 +8,8 @@ import PortKit
 enum ZMQWireFormat {
     /// "PKZM".
     static let magic: [UInt8] = [0x50, 0x4B, 0x5A, 0x4D]
+    /// The magic as one little-endian u32, for writing it in one store.
+    static let magicWord: UInt32 = 0x4D5A_4B50
     /// Version 2: the whole message in one frame. (Version 1 sent a frame per component.)
     static let version: UInt16 = 2
     static let headerSize = 24
