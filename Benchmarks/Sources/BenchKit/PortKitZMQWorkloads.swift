@@ -36,8 +36,10 @@ public final class PortKitZMQPair: Workload {
             for pointer in argv { free(pointer) }
             guard pid > 0 else { throw BenchError("could not spawn pkbench pkzmq-worker") }
             func cleanUp() {
-                kill(pid, SIGKILL)
-                _ = cb_reap(pid, 5000)
+                // SIGTERM, so that a worker under callgrind writes its counts (cb_reap kills it
+                // if it has not ended within 30 s).
+                kill(pid, SIGTERM)
+                _ = cb_reap(pid, 30_000)
                 mine.invalidate()
                 removeScratchDirectory(directory)
             }

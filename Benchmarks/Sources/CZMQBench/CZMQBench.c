@@ -315,8 +315,10 @@ void cz_stream_free(cz_stream *st) {
     cb_gate_post(st->gate, -1);
     pthread_join(st->sender, NULL);
     if (st->pid > 0) {
-        kill(st->pid, 9);
-        cb_reap(st->pid, 5000);
+        // SIGTERM, so that a receiver under callgrind writes its counts (cb_reap kills it if
+        // it has not ended within 30 s).
+        kill(st->pid, SIGTERM);
+        cb_reap(st->pid, 30000);
     }
     zmq_close(st->out);
     if (st->ack != st->out) zmq_close(st->ack);

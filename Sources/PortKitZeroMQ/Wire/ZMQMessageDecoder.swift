@@ -85,7 +85,9 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
             guard frame.count >= ZMQWireFormat.headerSize else {
                 return .failure(Reason(text: "the message is \(frame.count) bytes, shorter than the \(ZMQWireFormat.headerSize)-byte header"))
             }
-            guard frame.prefix(4).elementsEqual(ZMQWireFormat.magic) else { return .failure(Reason(text: "the header's magic is not \"PKZM\"")) }
+            guard frame.loadLittleEndian(at: 0, as: UInt32.self) == ZMQWireFormat.magicWord else {
+                return .failure(Reason(text: "the header's magic is not \"PKZM\""))
+            }
             let version = frame.loadLittleEndian(at: 4, as: UInt16.self)
             guard version == ZMQWireFormat.version else {
                 return .failure(Reason(text: "version \(version) is not supported (only \(ZMQWireFormat.version))"))
