@@ -139,6 +139,14 @@ enum ZMQEndpoint: Hashable, Sendable, CustomStringConvertible {
         return false
     }
 
+    /// Whether a peer can connect to this endpoint as written: not a wildcard host or a
+    /// wildcard or zero port (which only binding resolves). A port component carries only such
+    /// endpoints (protocol.md 10.3).
+    var isConnectable: Bool {
+        guard case .tcp(_, let port) = self else { return true }
+        return !isWildcard && port != "*" && Int(port) != 0
+    }
+
     /// The file this endpoint binds, if any (not for tcp, nor for the abstract namespace).
     var socketFile: String? {
         if case .ipc(let path) = self, path.hasPrefix("/") { return path }

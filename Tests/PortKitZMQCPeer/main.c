@@ -47,7 +47,9 @@ static int send_message(void *socket, uint32_t msgid, uint64_t to_port, const ch
     size_t length = strlen(text);
     size_t reply_length = reply_endpoint ? strlen(reply_endpoint) : 0;
     size_t size = HEADER_SIZE + DATA_PREFIX + length + (reply_endpoint ? PORT_PREFIX + reply_length : 0);
+    if (reply_length > 255) return -1;  /* the wire carries at most 255 bytes (protocol.md 10.2) */
     uint8_t *frame = calloc(1, size);
+    if (!frame) return -1;
     memcpy(frame, "PKZM", 4);
     put_u16(frame + 4, VERSION);
     put_u16(frame + 6, reply_endpoint ? FLAG_REPLY_PORT : 0);
@@ -136,8 +138,11 @@ static int receive_message(void *socket, struct message *out, int timeout_ms) {
 
 static void *bound_pull(void *context, char *endpoint, size_t size) {
     void *socket = zmq_socket(context, ZMQ_PULL);
-    if (!socket || zmq_bind(socket, "tcp://127.0.0.1:*") != 0) return NULL;
-    zmq_getsockopt(socket, ZMQ_LAST_ENDPOINT, endpoint, &size);
+    if (!socket) return NULL;
+    if (zmq_bind(socket, "tcp://127.0.0.1:*") != 0 || zmq_getsockopt(socket, ZMQ_LAST_ENDPOINT, endpoint, &size) != 0) {
+        zmq_close(socket);
+        return NULL;
+    }
     return socket;
 }
 

@@ -84,5 +84,35 @@ import PortKitZeroMQ
         }
         port.invalidate()
     }
+
+    /// Limits set to "no limit" (`Int.max`) are a valid choice: the port is made (its
+    /// ZMQ_MAXMSGSIZE saturates instead of overflowing) and receives data and ports.
+    @Test func unboundedLimitsMakeAWorkingPort() throws {
+        let limits = {
+            var limits = PKPortLimits()
+            limits.maxDescriptors = .max
+            limits.maxComponents = .max
+            limits.maxMessageBytes = .max
+            return limits
+        }()
+        try onLoopThread { loop in
+            var received: [PKZMQMessage] = []
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*", limits: limits) { received.append($0) }
+            try loop.add(port, forMode: .default)
+            let other = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")
+            let right = try PKZMQSendPort(connectingTo: port.endpoint)
+            try right.send(PKZMQMessage(msgid: 4, components: [.data([1, 2]), .port(other.makeSendRight())]), timeout: .seconds(5))
+            try run(loop, until: "the message") { received.count == 1 }
+            #expect(received[0].msgid == 4)
+            #expect(received[0].components.count == 2)
+            if case .port(let carried) = received[0].components.last {
+                #expect(carried == other.makeSendRight())
+            } else {
+                Issue.record("the second component is not a port")
+            }
+            port.invalidate()
+            other.invalidate()
+        }
+    }
 }
 #endif

@@ -5,27 +5,73 @@
 
 import Testing
 import Foundation
+import Glibc
 import PortKit
-import PortKitZeroMQ
+@testable import PortKitZeroMQ
 
 @Suite struct ZMQRunLoopTests {
-    /// Sends `count` messages (msgid = index) through `right`, then waits until `port`'s socket
-    /// must hold them all (a request on another port proves the connection delivered in order).
+    /// Sends `count` messages (msgid = index) through `right` (queued at the sender; they reach
+    /// the port's socket shortly after).
     func preload(_ right: PKZMQSendPort, _ count: Int) throws {
         for index in 0..<count { try right.send(PKZMQMessage(msgid: UInt32(index)), timeout: .seconds(10)) }
+    }
+
+    /// Waits (10 s at most) until the inbox's ZMQ_FD is readable: its socket has commands to
+    /// process (a connection attached, or a message waiting), and nothing has processed them.
+    func waitForSignal(_ inbox: ZMQInbox) -> Bool {
+        var item = pollfd(fd: inbox.descriptor, events: Int16(POLLIN), revents: 0)
+        return poll(&item, 1, 10_000) == 1
     }
 
     @Test func messagesThatArrivedBeforeSchedulingAreAllDelivered() throws {
         try onLoopThread { loop in
             var received: [UInt32] = []
             let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { received.append($0.msgid) }
-            // Queue well past one drain budget while nobody watches the socket: the edge that
-            // signalled them is gone by the time the port is scheduled.
+            // Queue well past one drain budget while nobody watches the socket, and consume the
+            // socket's signal before it is scheduled (a bind processes the socket's commands, as
+            // a receive does; one that fails adds no command of its own): no edge is left for
+            // the loop to see, for these messages or for the rest of the connection's, since
+            // nobody has read the connection yet.
             try preload(port.makeSendRight(), 500)
-            sleepFor(.milliseconds(200))
+            #expect(waitForSignal(port.inbox), "the connection never signalled the port's socket")
+            #expect(throws: PKError.self) { try port.inbox.bind(ZMQEndpoint(parsing: port.endpoint)) }
             try loop.add(port, forMode: .default)
             try run(loop, until: "500 messages") { received.count == 500 }
             #expect(received == (0..<500).map { UInt32($0) })
+            port.invalidate()
+        }
+    }
+
+    /// A bind from another thread while the port is scheduled (the reply service binds its
+    /// endpoints lazily, from the requesting thread) processes the socket's commands, and with
+    /// them the signal of a message that arrived meanwhile. A bind that fails does not signal
+    /// the socket again (a successful one does: its listener comes with a command): the loop
+    /// must still receive the message.
+    @Test func aFailedBindFromAnotherThreadDoesNotSwallowAMessage() throws {
+        try onLoopThread { loop in
+            var received: [UInt32] = []
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { received.append($0.msgid) }
+            try loop.add(port, forMode: .default)
+            let right = try PKZMQSendPort(connectingTo: port.endpoint)
+            try right.send(PKZMQMessage(msgid: 1), timeout: .seconds(5))
+            try run(loop, until: "the first message") { received == [1] }
+            // The inbox read until its socket was empty, so the next message raises a new signal
+            // (libzmq's activate_read) once it is in the socket's queue. Let it, and then bind
+            // from another thread, to the endpoint the port already holds, before the loop looks.
+            try right.send(PKZMQMessage(msgid: 2), timeout: .seconds(5))
+            #expect(waitForSignal(port.inbox), "the second message never signalled the port's socket")
+            let inbox = port.inbox
+            let taken = try ZMQEndpoint(parsing: port.endpoint)
+            let bound = Locked<Result<String, PKError>?>(nil)
+            let done = DispatchSemaphore(value: 0)
+            Thread {
+                bound.value = Result { () throws(PKError) in try inbox.bind(taken) }
+                done.signal()
+            }.start()
+            // The loop does not run meanwhile: only the bind's wake-up can tell it.
+            #expect(done.wait(timeout: .now() + 10) == .success, "the bind on the other thread did not return")
+            #expect(throws: PKError.self) { try #require(bound.value).get() }
+            try run(loop, until: "the second message") { received == [1, 2] }
             port.invalidate()
         }
     }

@@ -69,6 +69,9 @@ import PortKit
         }
         func u16(_ value: UInt16) -> [UInt8] { [UInt8(value & 0xFF), UInt8(value >> 8)] }
         let portID: [UInt8] = [1, 0, 0, 0, 0, 0, 0, 0]
+        func port(_ endpoint: String) -> [[UInt8]] {
+            [oneComponent + [2] + portID + u16(UInt16(endpoint.utf8.count)) + Array(endpoint.utf8)]
+        }
         return [
             ("short header", [Array(header.prefix(23))]),
             ("bad magic", [with(3, 0x58)]),
@@ -85,6 +88,10 @@ import PortKit
             ("port without endpoint", [oneComponent + [2] + portID + u16(0)]),
             ("endpoint longer than the message", [oneComponent + [2] + portID + u16(40) + Array("ipc://@x".utf8)]),
             ("port with a bad endpoint", [oneComponent + [2] + portID + u16(12) + Array("tcp://nohost".utf8)]),
+            ("port at a wildcard host", port("tcp://*:5555")),
+            ("port at the any-address", port("tcp://0.0.0.0:5555")),
+            ("port at a wildcard port", port("tcp://127.0.0.1:*")),
+            ("port at port 0", port("tcp://127.0.0.1:0")),
             ("port endpoint not UTF-8", [oneComponent + [2] + portID + u16(2) + [0xFF, 0xFE]]),
             ("reply port missing", [withReply]),
             ("reply port that is data", [withReply + [1, 1, 0, 0, 0, 5]]),
@@ -148,6 +155,20 @@ import PortKit
         // ZMQ_MAXMSGSIZE: header, every data byte, a data prefix per component, the longest port per port.
         #expect(limits.largestFrame == 24 + 10 + 5 * 3 + 266 * 1)
         #expect(ZMQWireLimits(.default).largestFrame == 24 + 16 * 1024 * 1024 + 5 * 1024 + 266 * 16)
+        // Limits too large to add up mean no limit, not an overflow.
+        var unbounded = PKPortLimits()
+        unbounded.maxDescriptors = .max
+        #expect(ZMQWireLimits(unbounded).largestFrame == .max)
+        unbounded = PKPortLimits()
+        unbounded.maxMessageBytes = .max
+        #expect(ZMQWireLimits(unbounded).largestFrame == .max)
+    }
+
+    /// A frame libzmq cannot allocate is an error, and the half-made frame is closed safely.
+    @Test func aFrameThatCannotBeAllocatedIsAnError() {
+        #expect(throws: PKError.self) {
+            _ = try ZMQOutgoingFrame(byteCount: 1 << 62) { _ in Issue.record("wrote into a frame that was not made") }
+        }
     }
 
     @Test func senderRefusesAnEndpointTheWireCannotCarry() {

@@ -4,12 +4,17 @@
 ///
 /// Every length a peer announces is checked against these before anything is allocated. A peer
 /// that breaks one gets its connection closed; nothing else is affected.
+///
+/// A limit above what the wire can carry means that maximum (so `.max` reads as "as much as
+/// the wire allows"): 65,535 components, 253 ports through a socket (Linux's `SCM_MAX_FD`),
+/// and data that keeps a frame within a `u32` length (protocol.md, "Limits"). A count below 1
+/// or a negative byte limit is a programmer error: the port's initializer traps.
 public struct PKPortLimits: Sendable, Equatable {
     /// The most data bytes in one message (all data components together). Default 16 MiB.
     public var maxMessageBytes: Int = 16 << 20
-    /// The most ports in one message, the reply port included. Default 16.
+    /// The most ports in one message, the reply port included. Default 16; at least 1.
     public var maxDescriptors: Int = 16
-    /// The most components in one message. Default 1024.
+    /// The most components in one message. Default 1024; at least 1.
     public var maxComponents: Int = 1024
     /// The most received messages a connection may hold undelivered before PortKit stops
     /// reading it (the sender then blocks, and its send deadline can pass). Default 1000.
@@ -30,7 +35,12 @@ public struct PKPortLimits: Sendable, Equatable {
     /// The default limits.
     public static let `default` = PKPortLimits()
 
+    /// The limits as the wire applies them: each capped at what the wire can carry.
     var wire: WireLimits {
-        WireLimits(maxMessageBytes: maxMessageBytes, maxDescriptors: maxDescriptors, maxComponents: maxComponents)
+        let components = min(maxComponents, Int(UInt16.max))
+        let frameRoom = Int(UInt32.max) - WireFormat.frameHeaderByteCount - WireFormat.componentHeaderByteCount * max(components, 0)
+        return WireLimits(maxMessageBytes: min(maxMessageBytes, frameRoom),
+                          maxDescriptors: min(maxDescriptors, WireLimits.kernelMaxDescriptors),
+                          maxComponents: components)
     }
 }

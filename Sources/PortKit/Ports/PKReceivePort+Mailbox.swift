@@ -92,14 +92,14 @@ extension PKReceivePort {
     /// The limits a message through a socket would be held to, by this port's own limits.
     private func checkLimits(_ message: PKPortMessage, dataBytes: Int) throws(PKError) {
         let ports = message.components.reduce(message.replyPort == nil ? 0 : 1) { $0 + ($1.port == nil ? 0 : 1) }
-        if ports > limits.maxDescriptors {
-            throw PKError(.limitExceeded, "a message carries at most \(limits.maxDescriptors) ports, reply port included; this one has \(ports)")
+        if ports > wireLimits.maxDescriptors {
+            throw PKError(.limitExceeded, "a message carries at most \(wireLimits.maxDescriptors) ports, reply port included; this one has \(ports)")
         }
-        if dataBytes > limits.maxMessageBytes {
-            throw PKError(.limitExceeded, "a message carries at most \(limits.maxMessageBytes) data bytes; this one has \(dataBytes)")
+        if dataBytes > wireLimits.maxMessageBytes {
+            throw PKError(.limitExceeded, "a message carries at most \(wireLimits.maxMessageBytes) data bytes; this one has \(dataBytes)")
         }
-        if message.components.count > limits.maxComponents {
-            throw PKError(.limitExceeded, "a message has at most \(limits.maxComponents) components; this one has \(message.components.count)")
+        if message.components.count > wireLimits.maxComponents {
+            throw PKError(.limitExceeded, "a message has at most \(wireLimits.maxComponents) components; this one has \(message.components.count)")
         }
     }
 

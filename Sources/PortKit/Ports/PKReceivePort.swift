@@ -23,6 +23,9 @@ import Synchronization
 public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// The limits the port enforces on what it receives.
     public let limits: PKPortLimits
+    /// `limits` as the wire applies them (each capped at what the wire can carry), for socket
+    /// connections and the in-memory mailbox alike.
+    let wireLimits: WireLimits
 
     /// Called on the loop's thread with each message (`handlePortMessage:`). Released when the
     /// port is invalidated (with `onInvalidation` and `onNoSenders`), so a handler may capture
@@ -118,8 +121,10 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     ///   - handler: called on the loop's thread with each message.
     public init(limits: PKPortLimits = .default, handler: @escaping (PKPortMessage) -> Void = { _ in }) {
         self.limits = limits
+        // Checked here, so a bad limit traps at its cause.
+        self.wireLimits = limits.wire
         self.handler = handler
-        self.readBuffer = ReadScratch(maxDescriptors: limits.maxDescriptors)
+        self.readBuffer = ReadScratch(maxDescriptors: wireLimits.maxDescriptors)
         self.adopter = PKCustomSource(
             cancel: { [anchor] _, _ in anchor.port?.adopterCancelled() },
             perform: { [anchor] in anchor.port?.performDeferredWork() }
@@ -573,7 +578,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
 
     @discardableResult
     private func adopt(_ fd: Int32, on loop: PKRunLoop, accepted: Bool = false) -> ReceiveConnection? {
-        let connection = ReceiveConnection(takingOwnershipOf: fd, limits: limits.wire, accepted: accepted,
+        let connection = ReceiveConnection(takingOwnershipOf: fd, limits: wireLimits, accepted: accepted,
                                            maxQueuedMessages: limits.maxQueuedMessages, maxQueuedBytes: limits.maxQueuedBytes)
         connection.source = PKDescriptorSource(descriptor: fd, events: .readable) { [unowned self, unowned connection] events in
             self.handle(events, on: connection)

@@ -12,9 +12,10 @@ struct ReadScratch {
 
     init(maxDescriptors: Int) {
         // Room for one more descriptor than allowed, so an excess shows as "too many", not lost.
-        let space = Socket.controlSpace(descriptors: maxDescriptors + 1)
+        let room = maxDescriptors + 1
+        let space = Socket.controlSpace(descriptors: room)
         control = UnsafeMutableRawBufferPointer.allocate(byteCount: space, alignment: 8)
-        descriptors = UnsafeMutableBufferPointer<Int32>.allocate(capacity: maxDescriptors + 1)
+        descriptors = UnsafeMutableBufferPointer<Int32>.allocate(capacity: room)
         descriptors.initialize(repeating: -1)
     }
 

@@ -14,6 +14,10 @@ struct WireLimits: Sendable, Equatable {
     /// The most components one message may carry.
     let maxComponents: Int
 
+    /// The most descriptors one `sendmsg` can carry (Linux's `SCM_MAX_FD`), so the most one
+    /// `recvmsg` can return.
+    static let kernelMaxDescriptors = 253
+
     /// 16 MiB of data, 16 descriptors, 1024 components.
     static let `default` = WireLimits()
 
@@ -25,7 +29,7 @@ struct WireLimits: Sendable, Equatable {
     init(maxMessageBytes: Int = 16 << 20, maxDescriptors: Int = 16, maxComponents: Int = 1024) {
         precondition(maxComponents >= 1 && maxComponents <= Int(UInt16.max),
                      "WireLimits.maxComponents must be in 1...65535, not \(maxComponents)")
-        precondition(maxDescriptors >= 1 && maxDescriptors <= 253,
+        precondition(maxDescriptors >= 1 && maxDescriptors <= Self.kernelMaxDescriptors,
                      "WireLimits.maxDescriptors must be in 1...253 (SCM_MAX_FD), not \(maxDescriptors)")
         precondition(maxMessageBytes >= 0, "WireLimits.maxMessageBytes must not be negative")
         let frameCeiling = WireFormat.frameHeaderByteCount

@@ -52,7 +52,7 @@ public final class PKZMQReceivePort: @unchecked Sendable, CustomStringConvertibl
         var modes: Set<PKRunLoopMode> = []
     }
     private let shared = ZMQMutex<Shared>(Shared())
-    private let inbox: ZMQInbox
+    let inbox: ZMQInbox
     private let parsedEndpoint: ZMQEndpoint
 
     // Loop-only state.

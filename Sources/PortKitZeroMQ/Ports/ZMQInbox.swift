@@ -31,7 +31,8 @@ final class ZMQInbox: @unchecked Sendable {
 
     let limits: ZMQWireLimits
     private let io: LockedIO
-    private let descriptor: Int32
+    /// ZMQ_FD: readable when the socket has commands to process.
+    let descriptor: Int32
 
     private struct IO {
         var socket: ZMQSocket?
@@ -41,6 +42,8 @@ final class ZMQInbox: @unchecked Sendable {
         var claims: [EndpointClaim] = []
         /// The endpoints bound, as libzmq resolved them.
         var bound: [String] = []
+        /// Set while the inbox is scheduled: makes the loop drain on its next pass.
+        var wake: (@Sendable () -> Void)?
 
         /// Unbinds every endpoint and waits until its listener is closed, then closes the
         /// socket and releases the claims; idempotent.
@@ -74,6 +77,7 @@ final class ZMQInbox: @unchecked Sendable {
             for claim in claims { claim.release() }
             claims = []
             bound = []
+            wake = nil
         }
     }
 
@@ -109,15 +113,24 @@ final class ZMQInbox: @unchecked Sendable {
     /// Binds `endpoint` (an `ipc://` path under its lock first) and returns the endpoint
     /// libzmq resolved (`tcp://H:*` gets its port). Safe from any thread.
     ///
+    /// A bind processes the socket's pending commands, as a receive does: it consumes the
+    /// ZMQ_FD signal of a message that arrived meanwhile. A bind that makes a listener signals
+    /// the socket again (libzmq hands the listener to the socket with a command), one that fails
+    /// does not; so a bind on a scheduled inbox, failed or not, makes its loop drain, or that
+    /// message would wait for the next, unrelated edge.
+    ///
     /// - Throws: `.nameInUse` if a live owner holds the endpoint; `.badName`; `.unsafeDirectory`;
     ///   `.invalidPort` if the inbox is closed; `.system`.
     func bind(_ endpoint: ZMQEndpoint) throws(PKError) -> String {
         let claim = try endpoint.socketFile.map { path throws(PKError) in try EndpointClaim(socketPath: path) }
+        var wake: (@Sendable () -> Void)?
+        defer { wake?() }
         return try io.mutex.withLock { io throws(PKError) -> String in
             guard let socket = io.socket else {
                 claim?.release()
                 throw PKError(.invalidPort, "cannot bind \(endpoint): the port was invalidated")
             }
+            wake = io.wake
             do throws(PKError) { try socket.bind(endpoint.description) } catch {
                 claim?.release()
                 throw error
@@ -153,8 +166,15 @@ final class ZMQInbox: @unchecked Sendable {
         try loop.add(fdSource!, forMode: mode)
         loop.add(again!, forMode: mode)
         modes.insert(mode)
+        let again = again!
+        io.mutex.withLock { io in
+            io.wake = { [weak again, weak loop] in
+                guard let again, let loop else { return }
+                again.signal(waking: loop)
+            }
+        }
         // Messages may have arrived (and consumed the edge) before the socket was watched.
-        again!.signal(waking: loop)
+        again.signal(waking: loop)
     }
 
     /// Removes the inbox's sources from `mode`. Loop-only.

@@ -78,10 +78,21 @@ struct ZMQOutgoingFrame: ~Copyable, @unchecked Sendable {
     /// A frame of `byteCount` bytes that `write` fills.
     /// The corresponding call is `zmq_msg_init_size(3)`.
     init(byteCount: Int, _ write: (UnsafeMutableRawBufferPointer) -> Void) throws(PKError) {
-        guard zmq_msg_init_size(&message, byteCount) == 0 else {
-            throw ZMQError.make(.system, "zmq_msg_init_size", "cannot make a \(byteCount)-byte ZeroMQ frame", errno: zmq_errno())
+        // One access to the message for both calls: a small frame's bytes sit inside it, so its
+        // data pointer is valid only while the access lasts.
+        let failure = withUnsafeMutablePointer(to: &message) { message -> Int32? in
+            guard zmq_msg_init_size(message, byteCount) == 0 else {
+                let err = zmq_errno()
+                // A failed init leaves the message half made; the deinit closes an empty one.
+                _ = zmq_msg_init(message)
+                return err
+            }
+            write(UnsafeMutableRawBufferPointer(start: zmq_msg_data(message), count: byteCount))
+            return nil
         }
-        write(UnsafeMutableRawBufferPointer(start: zmq_msg_data(&message), count: byteCount))
+        if let failure {
+            throw ZMQError.make(.system, "zmq_msg_init_size", "cannot make a \(byteCount)-byte ZeroMQ frame", errno: failure)
+        }
     }
 
     deinit {

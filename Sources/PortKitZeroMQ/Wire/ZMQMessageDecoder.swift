@@ -112,7 +112,9 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
                 case .failure(let reason): return .failure(reason)
                 }
             } else if count > 1 {
-                message.components.reserveCapacity(count)
+                // No more than the frame can hold (a component takes at least a data prefix):
+                // a small frame that announces many components allocates nothing for them.
+                message.components.reserveCapacity(min(count, left / ZMQWireFormat.dataPrefix))
                 for _ in 0..<count {
                     switch component(bytes: &bytes, ports: &ports, limits: limits) {
                     case .success(let component): message.components.append(component)
@@ -175,8 +177,11 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
             guard let endpoint = String(validating: endpointBytes, as: UTF8.self) else {
                 return .failure(Reason(text: "a port component whose endpoint is not UTF-8"))
             }
-            guard (try? ZMQEndpoint(parsing: endpoint)) != nil else {
+            guard let parsed = try? ZMQEndpoint(parsing: endpoint) else {
                 return .failure(Reason(text: "a port component with an endpoint PortKit does not accept: \"\(endpoint.prefix(80))\""))
+            }
+            guard parsed.isConnectable else {
+                return .failure(Reason(text: "a port component with an endpoint nobody can connect to: \"\(endpoint)\""))
             }
             return .success(ZMQPortAddress(endpoint: endpoint, portID: portID))
         }

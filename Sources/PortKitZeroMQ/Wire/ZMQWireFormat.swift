@@ -49,10 +49,21 @@ struct ZMQWireLimits: Sendable {
 
     /// `ZMQ_MAXMSGSIZE`: the largest frame a message within these limits can have (every data
     /// byte, a data component's prefix for each component, and the longest endpoint for each
-    /// port).
+    /// port). Saturates at `Int.max` (no limit) for limits too large to add up.
     var largestFrame: Int {
-        ZMQWireFormat.headerSize + maxMessageBytes + ZMQWireFormat.dataPrefix * maxComponents
-            + (ZMQWireFormat.portPrefix + PKZMQEndpoint.maxLength) * maxPorts
+        let terms = [
+            (ZMQWireFormat.headerSize, 1), (maxMessageBytes, 1), (ZMQWireFormat.dataPrefix, maxComponents),
+            (ZMQWireFormat.portPrefix + PKZMQEndpoint.maxLength, maxPorts),
+        ]
+        var total = 0
+        for (size, count) in terms {
+            let (product, overflowed) = size.multipliedReportingOverflow(by: count)
+            if overflowed { return .max }
+            let (sum, overflowedSum) = total.addingReportingOverflow(product)
+            if overflowedSum { return .max }
+            total = sum
+        }
+        return total
     }
 }
 

@@ -58,4 +58,48 @@ import Testing
         #expect(outcome.got == [7], "only the good sender's message arrived")
         #expect(outcome.stillOpen == 0, "every received descriptor was closed")
     }
+
+    /// Limits set to "no limit" (`Int.max`) mean as much as the wire can carry: the port is
+    /// made, and a message with a port in it crosses a socket connection and the in-memory
+    /// mailbox alike.
+    @Test func unboundedLimitsMakeAWorkingPort() throws {
+        let limits = {
+            var limits = PKPortLimits()
+            limits.maxDescriptors = .max
+            limits.maxComponents = .max
+            limits.maxMessageBytes = .max
+            return limits
+        }()
+        #expect(limits.wire == WireLimits(maxMessageBytes: Int(UInt32.max) - 16 - 8 * 65535, maxDescriptors: 253, maxComponents: 65535))
+        // Each message as (msgid, data, whether its port is a live right), read before the
+        // carried port is invalidated.
+        let got = try onLoopThread { loop -> [(UInt32, [UInt8]?, Bool)] in
+            var got: [(UInt32, [UInt8]?, Bool)] = []
+            let port = PKReceivePort(limits: limits) { message in
+                let data: [UInt8]? = if case .data(let bytes) = message.components.first { bytes } else { nil }
+                let live = if message.components.count == 2, case .port(let right) = message.components[1] { right.isValid } else { false }
+                got.append((message.msgid, data, live))
+            }
+            try loop.add(port, forMode: .default)
+            let carried = PKReceivePort()
+            let message = PKPortMessage(msgid: 9, components: [.data([1, 2, 3]), .port(carried.makeSendRight())])
+            // Through a socket connection, then through the in-memory mailbox.
+            let socketSender = PKSendPort(connection: SendConnection(takingOwnershipOf: try port.makeTransferDescriptor()))
+            try socketSender.send(message, timeout: .seconds(5))
+            try port.makeSendRight().send(message, timeout: .seconds(5))
+            let deadline = PKDeadline.after(patience(.seconds(10)))
+            while got.count < 2 && !deadline.hasPassed {
+                loop.run(in: .default, until: deadline, returnAfterSourceHandled: true)
+            }
+            port.invalidate()
+            carried.invalidate()
+            return got
+        }
+        #expect(got.count == 2)
+        for (msgid, data, live) in got {
+            #expect(msgid == 9)
+            #expect(data == [1, 2, 3])
+            #expect(live, "the carried port arrived as a live send right")
+        }
+    }
 }
