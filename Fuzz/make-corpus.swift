@@ -238,6 +238,8 @@ struct MakeCorpus {
             ("name-lock-suffix", [4] + Array("x.lock".utf8)),
             ("name-dotdot", [4] + Array("..".utf8)),
             ("gen-mixed", [2, op(0, 1), 7, 9, op(1, 3), 1, 2, 3, op(2, 1), op(0, 0), 1, 0, op(2, 8), op(3, 1)]),
+            ("gen-unconnectable-ports", [2, op(0, 0), 1, 0, op(2, 5), op(0, 0), 2, 0, op(2, 6), op(0, 0), 3, 0, op(2, 7),
+                                         op(0, 0), 4, 0, op(2, 8), op(0, 0), 5, 0, op(2, 4)]),
             ("gen-small-limits", [3, op(0, 0), 1, 0, op(3, 1), op(1, 1), 1, op(0, 3), 2, 0, op(2, 0), op(2, 2), op(2, 3),
                                   op(2, 4)]),
         ]

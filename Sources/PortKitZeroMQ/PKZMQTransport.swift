@@ -56,7 +56,9 @@ public enum PKZMQTransport {
 
     /// The host (an address of this machine) whose `tcp://` endpoint replies to requests come
     /// back to. `nil`, the default, picks the local address the kernel uses toward each
-    /// destination, which suits hosts that reach each other without address translation.
+    /// destination, which suits hosts that reach each other without address translation. A
+    /// wildcard (`0.0.0.0` or `*`) binds every address and tells each destination the local
+    /// address the kernel uses toward it, as a receive port bound to a wildcard does.
     public static var replyHost: String? {
         get { settings.withLock { $0.replyHost } }
         set { settings.withLock { $0.replyHost = newValue } }

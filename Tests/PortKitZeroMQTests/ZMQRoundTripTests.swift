@@ -66,6 +66,24 @@ import PortKitZeroMQ
         }
     }
 
+    /// `PKZMQTransport.replyHost` set to a wildcard (bind on every address): the reply port
+    /// travels as the local address toward the destination, which the receiver accepts (a
+    /// port component never carries a wildcard, protocol.md 10.3). In a child process, since
+    /// the setting is process-wide.
+    @Test func aWildcardReplyHostIsAdvertisedAsAnAddress() async {
+        await #expect(processExitsWith: .success) {
+            PKZMQTransport.replyHost = "0.0.0.0"
+            let server = try ZMQEchoServer(endpoint: "tcp://127.0.0.1:*")
+            defer { server.stop() }
+            let msgid = try onLoopThread { _ -> UInt32? in
+                let right = try PKZMQSendPort(connectingTo: server.endpoint)
+                return try right.sendRequest(PKZMQMessage(msgid: 3, data: [1]), sendTimeout: .seconds(5),
+                                             receiveTimeout: .seconds(10))?.msgid
+            }
+            precondition(msgid == 3, "no reply through a wildcard reply host")
+        }
+    }
+
     @Test func asyncRequestReply() async throws {
         let server = try ZMQEchoServer(endpoint: "tcp://127.0.0.1:*")
         defer { server.stop() }

@@ -24,7 +24,8 @@ final class ZMQReplyService: Sendable {
     private static let sharedService = ZMQMutex<ZMQReplyService?>(nil)
 
     private let inbox: ZMQInbox
-    private let endpoints = ZMQMutex<[String: String]>([:])
+    /// The endpoints bound, by kind of destination: as libzmq resolved them, and parsed.
+    private let endpoints = ZMQMutex<[String: (text: String, parsed: ZMQEndpoint)]>([:])
     private let waiters = ZMQMutex<[UInt64: ZMQReplyWaiter]>([:])
     private let nextID = Atomic<UInt64>(1)
 
@@ -42,7 +43,10 @@ final class ZMQReplyService: Sendable {
         }
     }
 
-    /// The endpoint a peer at `destination` can send replies to, bound on first need.
+    /// The endpoint a peer at `destination` can send replies to, bound on first need. A wildcard
+    /// `replyHost` (`0.0.0.0`, `*`) is advertised as the local address toward `destination`, as
+    /// a receive port bound to a wildcard is (protocol.md 10.1): a port component carries only
+    /// endpoints a peer can connect to.
     func endpoint(toward destination: ZMQEndpoint) throws(PKError) -> String {
         let key: String
         let bindTo: ZMQEndpoint
@@ -58,12 +62,14 @@ final class ZMQReplyService: Sendable {
             key = local
             bindTo = .tcp(host: local, port: "*")
         }
-        return try endpoints.withLock { endpoints throws(PKError) -> String in
+        let bound = try endpoints.withLock { endpoints throws(PKError) -> (text: String, parsed: ZMQEndpoint) in
             if let bound = endpoints[key] { return bound }
-            let bound = try inbox.bind(bindTo)
+            let text = try inbox.bind(bindTo)
+            let bound = (text: text, parsed: (try? ZMQEndpoint(parsing: text)) ?? bindTo)
             endpoints[key] = bound
             return bound
         }
+        return bound.parsed.isWildcard ? bound.parsed.advertised(toward: destination) : bound.text
     }
 
     /// Registers a waiter; returns the port id its reply comes to.

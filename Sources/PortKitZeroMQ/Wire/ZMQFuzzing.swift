@@ -55,8 +55,8 @@ enum ZMQFuzzing {
     /// Endpoints for generated messages: valid ones first, then ones PortKit refuses.
     static let endpoints: [String] = [
         "tcp://127.0.0.1:5556", "ipc://@portkit-fuzz", "ipc:///tmp/portkit-1000/name", "tcp://host.example:65535",
-        "tcp://[::1]:1", "tcp://*:*",
-        "", "tcp://nohost", "udp://h:1", "ipc://relative", "tcp://h:65536", "tcp://h:0x10", "ipc://@a\u{0}b",
+        "tcp://[::1]:1",
+        "tcp://*:*", "tcp://0.0.0.0:1", "tcp://h:0", "tcp://h:*", "", "tcp://nohost", "udp://h:1", "ipc://relative", "tcp://h:65536", "tcp://h:0x10", "ipc://@a\u{0}b",
         "ipc:///" + String(repeating: "p", count: 107), "tcp://" + String(repeating: "h", count: 250) + ":1",
     ]
 
@@ -309,7 +309,7 @@ enum ZMQFuzzing {
             var valid = (try? ZMQMessageEncoder.measure(components: described.components, reply: described.reply,
                                                         limits: limits)) != nil
             for case .port(let address) in described.components + (described.reply.map { [ZMQWireComponent.port($0)] } ?? [])
-            where !PKZMQEndpoint.isValid(address.endpoint) || address.endpoint.isEmpty {
+            where (try? ZMQEndpoint(parsing: address.endpoint))?.isConnectable != true || address.endpoint.isEmpty {
                 valid = false
             }
             let delivered = consume([frame], with: &decoder, limits: limits)

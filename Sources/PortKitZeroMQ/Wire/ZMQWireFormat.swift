@@ -41,7 +41,11 @@ struct ZMQWireLimits: Sendable {
     /// Port components in one message, the reply port included (`PKPortLimits.maxDescriptors`).
     var maxPorts: Int
 
+    /// Traps on a limit no message can meet, as the core's ports do (`PKPortLimits`).
     init(_ limits: PKPortLimits) {
+        precondition(limits.maxComponents >= 1, "PKPortLimits.maxComponents must be at least 1, not \(limits.maxComponents)")
+        precondition(limits.maxDescriptors >= 1, "PKPortLimits.maxDescriptors must be at least 1, not \(limits.maxDescriptors)")
+        precondition(limits.maxMessageBytes >= 0, "PKPortLimits.maxMessageBytes must not be negative")
         maxMessageBytes = limits.maxMessageBytes
         maxComponents = min(limits.maxComponents, Int(UInt16.max))
         maxPorts = limits.maxDescriptors
