@@ -141,7 +141,10 @@ import Foundation
 
     @Test func killedPeerIsNoticedPromptlyOverManyTrials() throws {
         // 30 trials: a peer process holds a named port; we watch our send right to it and
-        // kill -9 the peer. The bound stated in docs/reliability.md comes from this test.
+        // kill -9 the peer. The bound stated in docs/reliability.md comes from this test: the
+        // peer-death bound of every such test (`peerDeathBound`, 1 s; 5 s under a sanitizer,
+        // whose processes the kernel takes far longer to tear down: it frees a process's
+        // address space before it closes its descriptors).
         let dir = TemporaryNameDirectory()
         let latencies = try onLoopThread { loop -> [Duration] in
             var latencies: [Duration] = []
@@ -164,7 +167,7 @@ import Foundation
         }
         let sorted = latencies.sorted()
         print("kill -9 noticed after: p50 \(sorted[sorted.count / 2]), max \(sorted.last!)")
-        #expect(sorted.last! < .seconds(1))
+        #expect(sorted.last! < peerDeathBound)
     }
 
     @Test func connectionFromAnotherUserIsRefused() throws {
