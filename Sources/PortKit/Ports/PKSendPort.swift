@@ -90,10 +90,9 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
             case .port: .port
             }
         }
-        // One component (the usual message) as an array literal: allocated at its size, where
-        // `reserveCapacity` on an empty array takes the generic growth path (~200 instructions).
-        let components: [WireComponent] = message.components.count == 1
-            ? [wire(message.components[0])] : message.components.map(wire)
+        // One component (the usual message) is held inline: the frame makes no array.
+        let components = message.components.count == 1
+            ? WireComponents(wire(message.components[0])) : WireComponents(message.components.map(wire))
         let frame = WireFrame(msgid: message.msgid, hasReplyPort: message.replyPort != nil,
                               repliesBack: replyBackToken != 0,
                               replyToken: replyRight?.ticket.token ?? replyBackToken, components: components)

@@ -263,19 +263,18 @@ struct WireDecoder {
         var portCount = 0
         var offset = WireFormat.frameHeaderByteCount
         let end = header.length
-        let components: [WireComponent]
+        let components: WireComponents
         switch header.componentCount {
         case 0: components = []
-        // One component (the usual message) as an array literal: allocated at its size, where
-        // `reserveCapacity` on an empty array takes the generic growth path (~200 instructions).
-        case 1: components = [try component(0, of: header, from: raw, offset: &offset, portCount: &portCount)]
+        // One component (the usual message) is held inline: no array.
+        case 1: components = WireComponents(try component(0, of: header, from: raw, offset: &offset, portCount: &portCount))
         default:
             var all: [WireComponent] = []
             all.reserveCapacity(header.componentCount)
             for index in 0..<header.componentCount {
                 all.append(try component(index, of: header, from: raw, offset: &offset, portCount: &portCount))
             }
-            components = all
+            components = WireComponents(all)
         }
         if offset != end {
             throw WireError(.componentsShortOfFrame,

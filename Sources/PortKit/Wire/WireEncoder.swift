@@ -34,26 +34,31 @@ enum WireEncoder {
         let start = buffer.count
         reserve(size, in: &buffer)
         grow(&buffer, by: size)
-        buffer.withUnsafeMutableBytes { raw in
-            var offset = start
-            func put(_ word: UInt64) {
-                raw.storeBytes(of: word.littleEndian, toByteOffset: offset, as: UInt64.self)
-                offset += 8
-            }
-            put(UInt64(size) | UInt64(frame.msgid) << 32)
-            put(UInt64(frame.components.count) | UInt64(flags) << 16 | UInt64(descriptorCount) << 32
-                | UInt64(frame.replyToken) << 48)
-            for component in frame.components {
-                switch component {
-                case .data(let bytes):
-                    put(UInt64(WireFormat.dataComponentType) | UInt64(bytes.count) << 32)
-                    bytes.withUnsafeBytes { payload in
-                        guard let source = payload.baseAddress, !payload.isEmpty else { return }
-                        (raw.baseAddress! + offset).copyMemory(from: source, byteCount: payload.count)
+        // The components' buffer is taken first, so that `offset` lives in the innermost
+        // closure: captured across two closures it would be boxed and its accesses checked at
+        // run time.
+        frame.components.withUnsafeBufferPointer { components in
+            buffer.withUnsafeMutableBytes { raw in
+                var offset = start
+                func put(_ word: UInt64) {
+                    raw.storeBytes(of: word.littleEndian, toByteOffset: offset, as: UInt64.self)
+                    offset += 8
+                }
+                put(UInt64(size) | UInt64(frame.msgid) << 32)
+                put(UInt64(components.count) | UInt64(flags) << 16 | UInt64(descriptorCount) << 32
+                    | UInt64(frame.replyToken) << 48)
+                for index in components.indices {
+                    switch components[index] {
+                    case .data(let bytes):
+                        put(UInt64(WireFormat.dataComponentType) | UInt64(bytes.count) << 32)
+                        bytes.withUnsafeBytes { payload in
+                            guard let source = payload.baseAddress, !payload.isEmpty else { return }
+                            (raw.baseAddress! + offset).copyMemory(from: source, byteCount: payload.count)
+                        }
+                        offset += bytes.count
+                    case .port:
+                        put(UInt64(WireFormat.portComponentType))
                     }
-                    offset += bytes.count
-                case .port:
-                    put(UInt64(WireFormat.portComponentType))
                 }
             }
         }
@@ -61,12 +66,8 @@ enum WireEncoder {
 
     /// The number of bytes `append(_:to:)` writes for `frame`: its `length` field.
     static func encodedSize(of frame: WireFrame) -> Int {
-        var size = WireFormat.frameHeaderByteCount
-        for component in frame.components {
-            size += WireFormat.componentHeaderByteCount
-            if case .data(let bytes) = component { size += bytes.count }
-        }
-        return size
+        WireFormat.frameHeaderByteCount + WireFormat.componentHeaderByteCount * frame.components.count
+            + frame.dataByteCount
     }
 
     /// Checks `frame` against the rules a reader with `limits` applies, so that a message over a
