@@ -31,6 +31,19 @@ void pk_set_thread_name(const char *name) {
     pthread_setname_np(pthread_self(), buffer);
 }
 
+int pk_thread_join_until(unsigned long thread, uint64_t deadline_ns) {
+    // Far deadlines are clamped (a time_t holds them, but a year is as good as forever here).
+    const uint64_t year = 365ull * 24 * 3600 * 1000000000ull;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    uint64_t now_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+    if (deadline_ns > now_ns + year) deadline_ns = now_ns + year;
+    struct timespec at = { .tv_sec = (time_t)(deadline_ns / 1000000000ull), .tv_nsec = (long)(deadline_ns % 1000000000ull) };
+    int rc;
+    do { rc = pthread_clockjoin_np((pthread_t)thread, NULL, CLOCK_MONOTONIC, &at); } while (rc == EINTR);
+    return rc;
+}
+
 #include <sys/un.h>
 
 /// Fills a sockaddr_un for `path`; returns -1 if the path does not fit in sun_path.

@@ -53,7 +53,6 @@ public final class PKWorkerThread: @unchecked Sendable {
     public let checkInData: [UInt8]
 
     private let thread: SystemThread
-    private let finished: Semaphore
     private let stopped = Atomic<Bool>(false)
 
     /// Launches a worker thread and waits for its check-in.
@@ -77,11 +76,8 @@ public final class PKWorkerThread: @unchecked Sendable {
         self.name = name
         let listener = try CheckInListener()
         let checkInRight = listener.makeWorkerRight()
-        let finished = Semaphore()
-        self.finished = finished
         thread = try SystemThread(name: name) {
             try? WorkerRuntime.serve(name: name, mainPort: mainPort, checkInRight: checkInRight, setUp: setUp)
-            finished.signal()
         }
         do throws(PKError) {
             (port, checkInData) = try listener.wait(for: name, until: .after(checkInTimeout))
@@ -100,11 +96,10 @@ public final class PKWorkerThread: @unchecked Sendable {
         guard !stopped.exchange(true, ordering: .acquiringAndReleasing) else { return }
         let deadline = PKDeadline.after(timeout)
         try? port.send(PKPortMessage(msgid: PKCheckIn.stopMessageID), before: deadline)
-        guard finished.wait(until: deadline) else {
+        guard thread.join(until: deadline) else {
             thread.detach()
             throw PKError(.receiveTimedOut, "worker \(name) did not stop within \(timeout)")
         }
-        thread.join()
     }
 
     deinit {

@@ -112,7 +112,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// thread round trip).
     let anchor = PortAnchor()
     @exclusivity(unchecked) private var readBuffer: ReadScratch
-    let logger = Logger(label: "PortKit.PKReceivePort")
+    /// One logger for every port: a logger per port cost four allocations at each port's
+    /// making (a worker's spawn makes two ports) and memory for every idle port.
+    static let logger = Logger(label: "PortKit.PKReceivePort")
 
     /// A receive port.
     ///
@@ -372,12 +374,12 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         if waiting.count >= limits.maxPendingGreetings, let oldest = waiting.min(by: { $0.greetingDeadline! < $1.greetingDeadline! }) {
             // Evict the connection that has waited longest without greeting: a real client
             // greets at once (its greeting is already in the socket), a silent one never does.
-            logger.notice("dropping a connection that has not greeted: \(waiting.count) are waiting, the limit is \(limits.maxPendingGreetings)")
+            Self.logger.notice("dropping a connection that has not greeted: \(waiting.count) are waiting, the limit is \(limits.maxPendingGreetings)")
             drop(oldest)
         }
         guard let connection = adopt(fd, on: loop, accepted: true) else { return }
         if let reason = connection.checkPeer() {
-            logger.notice("refusing a connection: \(reason)")
+            Self.logger.notice("refusing a connection: \(reason)")
             drop(connection)
             return
         }
@@ -408,7 +410,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         greetingTimer = nil
         for connection in Array(connections.values) {
             if let deadline = connection.greetingDeadline, deadline.hasPassed {
-                logger.notice("dropping a connection that did not greet within \(limits.greetingTimeout)")
+                Self.logger.notice("dropping a connection that did not greet within \(limits.greetingTimeout)")
                 drop(connection)
             }
         }
@@ -586,7 +588,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         do throws(PKError) {
             for mode in modes { try loop.add(connection.source, forMode: mode) }
         } catch {
-            logger.warning("dropping a new connection: \(error)")
+            Self.logger.warning("dropping a new connection: \(error)")
             connection.close()
             return nil
         }
@@ -611,7 +613,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             break
         case .failed(let error):
             // Frames that arrived before the error are still delivered, then the connection goes.
-            logger.notice("closing a connection that broke the protocol: \(error)")
+            Self.logger.notice("closing a connection that broke the protocol: \(error)")
         }
         if connection.hasGreeting, connection.greetingDeadline == nil, let loop = runLoop, greetingTimer != nil {
             armGreetingTimer(loop)

@@ -24,8 +24,15 @@ extension PKRunLoop {
         return commonModes
     }
 
-    private func resolve(_ mode: PKRunLoopMode) -> [PKRunLoopMode] {
-        mode == .common ? Array(commonModes) : [mode]
+    /// Calls `body` with each real mode `mode` stands for: itself, or each common mode. No
+    /// array is made for the usual single mode (one was an allocation per add and remove).
+    @inline(__always)
+    private func forEachResolved(_ mode: PKRunLoopMode, _ body: (PKRunLoopMode) -> Void) {
+        if mode == .common {
+            for common in commonModes { body(common) }
+        } else {
+            body(mode)
+        }
     }
 
     // MARK: - Custom sources
@@ -40,15 +47,15 @@ extension PKRunLoop {
         if mode == .common, !commonItems.customSources.contains(where: { $0 === source }) {
             commonItems.customSources.append(source)
         }
-        for m in resolve(mode) { insert(source, into: m) }
+        forEachResolved(mode) { m in insert(source, into: m) }
     }
 
     /// Removes a custom source from `mode`; its `cancel` routine runs now. Loop-only.
     public func remove(_ source: PKCustomSource, forMode mode: PKRunLoopMode) {
         assertOwner("remove(_:forMode:)")
         if mode == .common { commonItems.customSources.removeAll { $0 === source } }
-        for m in resolve(mode) {
-            guard let items = record(m), let index = items.customSources.firstIndex(where: { $0 === source }) else { continue }
+        forEachResolved(mode) { m in
+            guard let items = record(m), let index = items.customSources.firstIndex(where: { $0 === source }) else { return }
             items.customSources.remove(at: index)
             source.modes.removeAll { $0 == m }
             source.cancelled(on: self, mode: m)
@@ -83,7 +90,7 @@ extension PKRunLoop {
         if mode == .common, !commonItems.timers.contains(where: { $0 === timer }) {
             commonItems.timers.append(timer)
         }
-        for m in resolve(mode) { insert(timer, into: m) }
+        forEachResolved(mode) { m in insert(timer, into: m) }
         if let currentMode { armTimer(for: currentMode) }
     }
 
@@ -91,7 +98,7 @@ extension PKRunLoop {
     public func remove(_ timer: PKTimer, forMode mode: PKRunLoopMode) {
         assertOwner("remove(_:forMode:)")
         if mode == .common { commonItems.timers.removeAll { $0 === timer } }
-        for m in resolve(mode) { record(m)?.timers.removeAll { $0 === timer } }
+        forEachResolved(mode) { m in record(m)?.timers.removeAll { $0 === timer } }
     }
 
     /// Whether `mode` contains `timer`. Loop-only.
@@ -128,15 +135,15 @@ extension PKRunLoop {
         if mode == .common, !commonItems.observers.contains(where: { $0 === observer }) {
             commonItems.observers.append(observer)
         }
-        for m in resolve(mode) { insert(observer, into: m) }
+        forEachResolved(mode) { m in insert(observer, into: m) }
     }
 
     /// Removes an observer from `mode`. Loop-only.
     public func remove(_ observer: PKRunLoopObserver, forMode mode: PKRunLoopMode) {
         assertOwner("remove(_:forMode:)")
         if mode == .common { commonItems.observers.removeAll { $0 === observer } }
-        for m in resolve(mode) {
-            guard let items = record(m) else { continue }
+        forEachResolved(mode) { m in
+            guard let items = record(m) else { return }
             items.observers.removeAll { $0 === observer }
             items.observersChanged()
         }
@@ -164,7 +171,7 @@ extension PKRunLoop {
             source.token = takeSlot(for: source)
         }
         if mode == .common { commonItems.descriptorTokens.insert(source.token) }
-        for m in resolve(mode) { insert(source, into: m) }
+        forEachResolved(mode) { m in insert(source, into: m) }
         // Watch it now unless the loop runs a mode the source is not in: a loop that is not
         // running may be hosted through `descriptor`, which must become readable for it, and
         // epoll's refusal is reported here, by this call.
@@ -189,7 +196,7 @@ extension PKRunLoop {
         assertOwner("remove(_:forMode:)")
         guard source.loop === self else { return }
         if mode == .common { commonItems.descriptorTokens.remove(source.token) }
-        for m in resolve(mode) {
+        forEachResolved(mode) { m in
             source.modes.removeAll { $0 == m }
             record(m)?.descriptorTokens.remove(source.token)
         }

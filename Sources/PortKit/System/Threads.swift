@@ -31,6 +31,15 @@ final class SystemThread: @unchecked Sendable {
         pthread_join(handle, nil)
     }
 
+    /// Waits for the thread to end until `deadline`; returns whether it ended (and was joined).
+    /// The corresponding call is `pthread_clockjoin_np(3)`.
+    func join(until deadline: PKDeadline) -> Bool {
+        guard !joined else { return true }
+        guard pk_thread_join_until(handle, deadline.uptimeNanoseconds) == 0 else { return false }
+        joined = true
+        return true
+    }
+
     /// Lets the thread end on its own without being joined. The corresponding call is `pthread_detach(3)`.
     func detach() {
         guard !joined else { return }

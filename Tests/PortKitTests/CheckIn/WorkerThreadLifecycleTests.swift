@@ -31,6 +31,28 @@ import Testing
         }
     }
 
+    /// A worker still busy in a handler when `stop(timeout:)` gives up: the call fails with
+    /// `.receiveTimedOut`, and the thread, left to end on its own, ends once it is free (its
+    /// port's invalidation runs on its thread as it finishes).
+    @Test func aWorkerBusyPastTheStopTimeoutIsReportedAndEndsOnItsOwn() throws {
+        let release = Semaphore()
+        let ended = Semaphore()
+        try onPortLoopThread { _ in
+            let worker = try PKWorkerThread(name: "busy") { context in
+                context.port.handler = { message in
+                    if message.msgid == 7 { release.wait(until: .after(.seconds(30))) }
+                }
+                context.port.onInvalidation = { ended.signal() }
+            }
+            try worker.port.send(PKPortMessage(msgid: 7), timeout: .seconds(5))
+            #expect {
+                try worker.stop(timeout: .milliseconds(100))
+            } throws: { ($0 as? PKError)?.code == .receiveTimedOut }
+            release.signal()
+            #expect(ended.wait(until: .after(.seconds(10))), "the worker ended once its handler returned")
+        }
+    }
+
     /// A worker reaches its launcher through `mainPort`, and the launcher's loop delivers what
     /// it sends there; the check-in data arrives with the check-in.
     @Test func aWorkerReportsToItsMainPort() throws {
