@@ -32,16 +32,21 @@ void pk_set_thread_name(const char *name) {
 }
 
 int pk_thread_join_until(unsigned long thread, uint64_t deadline_ns) {
-    // Far deadlines are clamped (a time_t holds them, but a year is as good as forever here).
+    // pthread_timedjoin_np measures CLOCK_REALTIME: the monotonic deadline becomes "now on the
+    // wall clock plus what is left". (pthread_clockjoin_np takes the monotonic clock, but
+    // ThreadSanitizer does not intercept it: its registry would never learn the thread was
+    // joined, and a later thread given the same pthread_t fails its CHECK.) Far deadlines
+    // are clamped to a year.
     const uint64_t year = 365ull * 24 * 3600 * 1000000000ull;
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    uint64_t now_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
-    if (deadline_ns > now_ns + year) deadline_ns = now_ns + year;
-    struct timespec at = { .tv_sec = (time_t)(deadline_ns / 1000000000ull), .tv_nsec = (long)(deadline_ns % 1000000000ull) };
-    int rc;
-    do { rc = pthread_clockjoin_np((pthread_t)thread, NULL, CLOCK_MONOTONIC, &at); } while (rc == EINTR);
-    return rc;
+    struct timespec mono, wall;
+    clock_gettime(CLOCK_MONOTONIC, &mono);
+    clock_gettime(CLOCK_REALTIME, &wall);
+    uint64_t now_ns = (uint64_t)mono.tv_sec * 1000000000ull + (uint64_t)mono.tv_nsec;
+    uint64_t left = deadline_ns > now_ns ? deadline_ns - now_ns : 0;
+    if (left > year) left = year;
+    uint64_t at_ns = (uint64_t)wall.tv_sec * 1000000000ull + (uint64_t)wall.tv_nsec + left;
+    struct timespec at = { .tv_sec = (time_t)(at_ns / 1000000000ull), .tv_nsec = (long)(at_ns % 1000000000ull) };
+    return pthread_timedjoin_np((pthread_t)thread, NULL, &at);
 }
 
 #include <sys/un.h>

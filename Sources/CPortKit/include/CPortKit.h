@@ -146,7 +146,8 @@ int pk_exit_status(int status, int *code, int *signal);
 /// Names the calling thread (at most 15 bytes are kept).
 void pk_set_thread_name(const char *name);
 /// Joins `thread` (a `pthread_t`) if it ends before `deadline_ns` on CLOCK_MONOTONIC
-/// (pthread_clockjoin_np(3)): 0 when joined, ETIMEDOUT when the deadline passed first.
+/// (pthread_timedjoin_np(3), the deadline carried over to the wall clock): 0 when joined,
+/// ETIMEDOUT when the deadline passed first.
 int pk_thread_join_until(unsigned long thread, uint64_t deadline_ns);
 
 /// The control buffer size for `count` descriptors (CMSG_SPACE).

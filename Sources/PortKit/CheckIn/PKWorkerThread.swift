@@ -87,7 +87,12 @@ public final class PKWorkerThread: @unchecked Sendable {
         }
     }
 
-    /// Asks the worker to stop, and waits for its thread to end.
+    /// Asks the worker to stop, and waits for its thread to end, its run loop's teardown
+    /// included: bytes its connections still hold go out then, each connection waiting for its
+    /// reader until those sends' deadlines, at most 5 s (so a worker with a backlog for a port
+    /// that the caller itself must read can make `stop` time out).
+    /// Called on the worker's own thread (from one of its handlers), it asks and returns: the
+    /// worker ends when that handler returns.
     ///
     /// - Parameter timeout: how long to wait for the thread to end.
     /// - Throws: `PKError` with `.receiveTimedOut` if the thread did not end in time (it is
@@ -96,6 +101,10 @@ public final class PKWorkerThread: @unchecked Sendable {
         guard !stopped.exchange(true, ordering: .acquiringAndReleasing) else { return }
         let deadline = PKDeadline.after(timeout)
         try? port.send(PKPortMessage(msgid: PKCheckIn.stopMessageID), before: deadline)
+        if thread.isCurrent {
+            thread.detach()
+            return
+        }
         guard thread.join(until: deadline) else {
             thread.detach()
             throw PKError(.receiveTimedOut, "worker \(name) did not stop within \(timeout)")

@@ -4,7 +4,8 @@
 import CPortKit
 import Glibc
 
-/// A joinable thread running a Swift closure.
+/// A joinable thread running a Swift closure. `join`, `join(until:)` and `detach` are for one
+/// caller at a time (the owner: `PKWorkerThread.stop` lets one through).
 final class SystemThread: @unchecked Sendable {
     private var handle = pthread_t()
     private var joined = false
@@ -31,8 +32,12 @@ final class SystemThread: @unchecked Sendable {
         pthread_join(handle, nil)
     }
 
+    /// Whether the calling thread is this thread (which cannot join itself).
+    var isCurrent: Bool { pthread_equal(handle, pthread_self()) != 0 }
+
     /// Waits for the thread to end until `deadline`; returns whether it ended (and was joined).
-    /// The corresponding call is `pthread_clockjoin_np(3)`.
+    /// The corresponding call is `pthread_timedjoin_np(3)` (a jump of the wall clock during the
+    /// wait moves its end).
     func join(until deadline: PKDeadline) -> Bool {
         guard !joined else { return true }
         guard pk_thread_join_until(handle, deadline.uptimeNanoseconds) == 0 else { return false }

@@ -40,7 +40,11 @@ enum WireEncoder {
         frame.components.withUnsafeBufferPointer { components in
             buffer.withUnsafeMutableBytes { raw in
                 var offset = start
+                let end = start + size
+                // `size` came from the components' kept counts: every write is checked against
+                // it, so a count gone wrong traps instead of writing past the frame.
                 func put(_ word: UInt64) {
+                    precondition(end - offset >= 8, "WireEncoder: the frame outgrew its measured size")
                     raw.storeBytes(of: word.littleEndian, toByteOffset: offset, as: UInt64.self)
                     offset += 8
                 }
@@ -51,6 +55,7 @@ enum WireEncoder {
                     switch components[index] {
                     case .data(let bytes):
                         put(UInt64(WireFormat.dataComponentType) | UInt64(bytes.count) << 32)
+                        precondition(end - offset >= bytes.count, "WireEncoder: the frame outgrew its measured size")
                         bytes.withUnsafeBytes { payload in
                             guard let source = payload.baseAddress, !payload.isEmpty else { return }
                             (raw.baseAddress! + offset).copyMemory(from: source, byteCount: payload.count)
@@ -60,6 +65,7 @@ enum WireEncoder {
                         put(UInt64(WireFormat.portComponentType))
                     }
                 }
+                precondition(offset == end, "WireEncoder: the frame fell short of its measured size")
             }
         }
     }

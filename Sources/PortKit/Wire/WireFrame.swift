@@ -94,7 +94,9 @@ struct WireComponents: RandomAccessCollection, MutableCollection, ExpressibleByA
     }
 
     /// Calls `body` with the components in contiguous memory: iterating a buffer copies no
-    /// component (iterating the collection copies each, with a retain and a release).
+    /// component (iterating the collection copies each, with a retain and a release). The
+    /// buffer is valid only inside `body` (for one inline component it points at a copy on the
+    /// stack): it must not escape.
     func withUnsafeBufferPointer<R>(_ body: (UnsafeBufferPointer<WireComponent>) throws -> R) rethrows -> R {
         switch storage {
         case .none: return try body(UnsafeBufferPointer(start: nil, count: 0))

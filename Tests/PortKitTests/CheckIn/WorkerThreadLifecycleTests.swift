@@ -53,6 +53,33 @@ import Testing
         }
     }
 
+    /// `stop()` called by the worker itself, from one of its handlers, asks and returns (a
+    /// thread cannot join itself); the worker ends once that handler returns.
+    @Test func aWorkerStoppedFromItsOwnHandlerEnds() throws {
+        let outcome = Locked("not called")
+        let ended = Semaphore()
+        let holder = Locked<PKWorkerThread?>(nil)
+        try onPortLoopThread { _ in
+            let worker = try PKWorkerThread(name: "self-stop") { context in
+                context.port.handler = { message in
+                    guard message.msgid == 9 else { return }
+                    do throws(PKError) {
+                        try holder.value?.stop()
+                        outcome.value = "returned"
+                    } catch {
+                        outcome.value = "threw \(error)"
+                    }
+                }
+                context.port.onInvalidation = { ended.signal() }
+            }
+            holder.value = worker
+            try worker.port.send(PKPortMessage(msgid: 9), timeout: .seconds(5))
+            #expect(ended.wait(until: .after(.seconds(10))), "the worker ended after stopping itself")
+            #expect(outcome.value == "returned")
+            holder.value = nil
+        }
+    }
+
     /// A worker reaches its launcher through `mainPort`, and the launcher's loop delivers what
     /// it sends there; the check-in data arrives with the check-in.
     @Test func aWorkerReportsToItsMainPort() throws {

@@ -46,6 +46,21 @@ struct WireComponentsTests {
         }
     }
 
+    @Test("the standard library's own mutations keep the counts")
+    func standardMutations() {
+        var array: [WireComponent] = [.data([1]), .port, .data([2, 3]), .data([])]
+        var components = WireComponents(array)
+        components.swapAt(0, 1)
+        array.swapAt(0, 1)
+        expectMatches(components, array)
+        components.reverse()
+        array.reverse()
+        expectMatches(components, array)
+        components[1...2] = WireComponents([.port, .data([9, 9, 9])])[...]
+        array[1...2] = [.port, .data([9, 9, 9])]
+        expectMatches(components, array)
+    }
+
     @Test("a copy changed does not change the original")
     func valueSemantics() {
         let original: WireComponents = [.data([1]), .data([2])]
