@@ -260,19 +260,18 @@ struct WireDecoder {
     private static func decodeBody(
         of header: WireFrameHeader, from raw: UnsafeRawBufferPointer
     ) throws(WireError) -> WireFrame {
-        var portCount = 0
         var offset = WireFormat.frameHeaderByteCount
         let end = header.length
         let components: WireComponents
         switch header.componentCount {
         case 0: components = []
         // One component (the usual message) is held inline: no array.
-        case 1: components = WireComponents(try component(0, of: header, from: raw, offset: &offset, portCount: &portCount))
+        case 1: components = WireComponents(try component(0, of: header, from: raw, offset: &offset))
         default:
             var all: [WireComponent] = []
             all.reserveCapacity(header.componentCount)
             for index in 0..<header.componentCount {
-                all.append(try component(index, of: header, from: raw, offset: &offset, portCount: &portCount))
+                all.append(try component(index, of: header, from: raw, offset: &offset))
             }
             components = WireComponents(all)
         }
@@ -280,17 +279,17 @@ struct WireDecoder {
             throw WireError(.componentsShortOfFrame,
                             "frame \(header.msgid) has \(end - offset) bytes after its last component")
         }
-        try header.validate(components: components, portCount: portCount)
+        try header.validate(components: components)
         return WireFrame(msgid: header.msgid, isControl: header.isControl, hasReplyPort: header.hasReplyPort,
                          repliesBack: header.repliesBack, replyToken: header.replyToken, components: components)
     }
 
-    /// Decodes component `index` of a frame at `offset` (moved past it), counting ports in
-    /// `portCount`. Its own function with `inout` parameters: a nested function capturing them
-    /// would have their accesses checked at run time.
+    /// Decodes component `index` of a frame at `offset` (moved past it). Its own function with
+    /// an `inout` parameter: a nested function capturing it would have its accesses checked at
+    /// run time.
     @inline(__always)
     private static func component(
-        _ index: Int, of header: WireFrameHeader, from raw: UnsafeRawBufferPointer, offset: inout Int, portCount: inout Int
+        _ index: Int, of header: WireFrameHeader, from raw: UnsafeRawBufferPointer, offset: inout Int
     ) throws(WireError) -> WireComponent {
         let end = header.length
         if end - offset < WireFormat.componentHeaderByteCount {
@@ -327,7 +326,6 @@ struct WireDecoder {
                 throw WireError(.portComponentHasLength,
                                 "port component \(index) of frame \(header.msgid) has length \(length), not 0")
             }
-            portCount += 1
             return .port
         default:
             throw WireError(.unknownComponentType,

@@ -88,7 +88,7 @@ enum WireEncoder {
         }
         let header = WireFrameHeader(for: frame)
         try header.validate(limits: limits, direction: direction)
-        try header.validate(components: frame.components, portCount: frame.portCount)
+        try header.validate(components: frame.components)
     }
 
     /// Grows `buffer` geometrically when it lacks room for `count` more bytes (an exact

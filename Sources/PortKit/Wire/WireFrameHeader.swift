@@ -135,11 +135,12 @@ struct WireFrameHeader: Equatable, Sendable {
 
     /// Checks the rules that need the components: that they are of the shape a control frame
     /// demands, and that the ports plus the reply port are `descriptorCount`.
-    func validate(components: WireComponents, portCount: Int) throws(WireError) {
+    func validate(components: WireComponents) throws(WireError) {
         if isControl, components != (msgid == WireControlCode.attachSender.rawValue ? [.port] : []) {
             throw WireError(.malformedControlFrame,
                             "control frame \(msgid) has components of the wrong shape")
         }
+        let portCount = components.portCount
         let claimed = portCount + (hasReplyPort ? 1 : 0)
         if claimed != descriptorCount {
             throw WireError(.descriptorCountMismatch,
