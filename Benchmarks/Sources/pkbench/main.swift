@@ -102,6 +102,8 @@ case "rt":
         case "portkit-stream64-threads": workload = try PortKitPair(.thread, .stream, .none)
         case "portkit-stream64-processes": workload = try PortKitPair(.namedProcess, .stream, .none)
         case "portkit-spawn": workload = try PortKitSpawn(.none)
+        case "portkit-lookup-1": workload = try PortKitNameLookup(.none, names: 1)
+        case "portkit-lookup-10000": workload = try PortKitNameLookup(.none, names: 10_000)
         #if ZeroMQ
         case "portkit-zmq-stream64": workload = try PortKitZMQPair(.ipc, .stream, .none)
         case "zmq-stream64": workload = try ZMQStream(.ipc, .none, size: 64)

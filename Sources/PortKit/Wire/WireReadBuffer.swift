@@ -9,6 +9,8 @@ struct WireReadBuffer {
     private var storage: [UInt8] = []
     private var start = 0
     private var end = 0
+    /// Whether `storage` is lent by `borrow(_:)`: it goes back to its owner, never away.
+    private var isBorrowed = false
 
     /// The smallest allocation the buffer makes.
     private static let minimumCapacity = 4096
@@ -62,7 +64,6 @@ struct WireReadBuffer {
         start += byteCount
     }
 
-    /// Drops everything and gives the memory back.
     /// Lends the buffer `scratch`'s storage while the buffer holds no bytes: a reader with
     /// many idle connections reads each one into one shared area instead of a large buffer of
     /// its own. `reclaim(_:)` hands it back. `scratch` must be uniquely referenced.
@@ -71,11 +72,14 @@ struct WireReadBuffer {
         swap(&storage, &scratch)
         start = 0
         end = 0
+        isBorrowed = true
     }
 
     /// Hands back storage lent by `borrow(_:)`, keeping only the unconsumed bytes, in storage of
     /// the buffer's own that fits them.
     mutating func reclaim(_ scratch: inout [UInt8]) {
+        precondition(isBorrowed, "WireReadBuffer: reclaiming storage that was not borrowed")
+        isBorrowed = false
         swap(&storage, &scratch)
         let live = end - start
         let from = start
@@ -91,8 +95,11 @@ struct WireReadBuffer {
     /// What an idle buffer keeps when it hands back borrowed storage.
     private static let retainedIdleCapacity = 4096
 
+    /// Drops everything and gives the memory back; borrowed storage is only emptied, and goes
+    /// back to its owner with `reclaim(_:)` (a stream that ends must not take its loop's shared
+    /// area with it: the next read would allocate and clear 64 KiB again).
     mutating func removeAll() {
-        storage = []
+        if !isBorrowed { storage = [] }
         start = 0
         end = 0
     }
@@ -109,7 +116,7 @@ struct WireReadBuffer {
         if live == 0 {
             start = 0
             end = 0
-            if storage.count > Self.retainedCapacity && byteCount <= Self.retainedCapacity {
+            if storage.count > Self.retainedCapacity && byteCount <= Self.retainedCapacity && !isBorrowed {
                 storage = []
             }
         }
@@ -126,14 +133,16 @@ struct WireReadBuffer {
             return
         }
         let capacity = Swift.max(storage.count * 2, live + byteCount, Self.minimumCapacity)
-        var grown = [UInt8](repeating: 0, count: capacity)
-        if live > 0 {
-            grown.withUnsafeMutableBytes { destination in
+        // Uninitialized: only bytes written (copied here, or received) are ever read, and
+        // clearing 64 KiB cost more than the read that needed the room.
+        let grown = [UInt8](unsafeUninitializedCapacity: capacity) { destination, initialized in
+            if live > 0 {
                 storage.withUnsafeBytes { source in
-                    UnsafeMutableRawBufferPointer(rebasing: destination[0..<live])
+                    UnsafeMutableRawBufferPointer(rebasing: UnsafeMutableRawBufferPointer(destination)[0..<live])
                         .copyMemory(from: UnsafeRawBufferPointer(rebasing: source[start..<end]))
                 }
             }
+            initialized = capacity
         }
         storage = grown
         start = 0

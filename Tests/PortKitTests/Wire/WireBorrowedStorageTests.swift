@@ -60,4 +60,42 @@ struct WireBorrowedStorageTests {
         #expect(third.events == [.frame(frame(3, bytes: 8), descriptors: [])])
         #expect(decoder.bufferCapacity <= 4096)
     }
+
+    @Test("a stream that ends in the shared area leaves the area with its owner")
+    func endOfStreamKeepsTheSharedArea() throws {
+        var scratch: [UInt8] = []
+        var decoder = WireDecoder()
+        let stream = encodeStream([frame(1, bytes: 64)])
+        _ = read(stream[...], into: &decoder, scratch: &scratch)
+        let area = scratch.count
+        #expect(area >= 64 << 10)
+        // The end of the stream is read (0 bytes) and finished while the area is lent, as a
+        // connection does when its peer closes.
+        let lent = decoder.borrowStorage(&scratch)
+        #expect(lent)
+        let got = decoder.appendBytes(upTo: 64 << 10) { _ in 0 }
+        #expect(got == 0)
+        try decoder.finish()
+        decoder.reclaimStorage(&scratch)
+        #expect(scratch.count == area, "the next connection's read must not allocate and clear the area again")
+    }
+
+    @Test("a stream that fails in the shared area leaves the area with its owner")
+    func failureKeepsTheSharedArea() {
+        var scratch = [UInt8](repeating: 0, count: 64 << 10)
+        var decoder = WireDecoder()
+        let lent = decoder.borrowStorage(&scratch)
+        #expect(lent)
+        let garbage = [UInt8](repeating: 0xEE, count: 64)
+        _ = decoder.appendBytes(upTo: 64 << 10) { room -> Int in
+            room.copyBytes(from: garbage)
+            return garbage.count
+        }
+        var outcome = DecodeOutcome()
+        decoder.drain(into: &outcome)
+        #expect(outcome.error != nil)
+        decoder.reclaimStorage(&scratch)
+        #expect(scratch.count == 64 << 10)
+        #expect(decoder.bufferCapacity == 0)
+    }
 }
