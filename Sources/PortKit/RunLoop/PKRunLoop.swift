@@ -35,7 +35,12 @@ public final class PKRunLoop: @unchecked Sendable {
 
     /// The loop's epoll descriptor, for hosting the loop inside another event system: when it is
     /// readable, call `runOnePass(in:)` on the loop's thread. Owned by the loop; do not close it.
-    public var descriptor: Int32 { epollFD }
+    /// Once read, the loop counts as hosted: work its own thread gives it between passes (an
+    /// invalidated timer or source, say) makes the descriptor readable too.
+    public var descriptor: Int32 {
+        hosted.store(true, ordering: .relaxed)
+        return epollFD
+    }
 
     let epollFD: Int32
     let wakeFD: Int32
@@ -45,6 +50,8 @@ public final class PKRunLoop: @unchecked Sendable {
 
     // Cross-thread state.
     private let wakePending = Atomic<Bool>(false)
+    /// Whether someone read `descriptor` to host the loop (see `noteInvalidationWaking`).
+    private let hosted = Atomic<Bool>(false)
     /// Set when a custom source may have been signalled since the last scan, so a pass looks at
     /// the mode's custom sources only then (a loop with a thousand idle ports scans nothing).
     private let signalHint = Atomic<Bool>(true)
@@ -212,6 +219,17 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Notes that an item of this loop was invalidated. Safe from any thread.
     func noteInvalidation() { invalidations.add(1, ordering: .releasing) }
 
+    /// Notes that a timer or custom source of this loop was invalidated, and wakes the loop so
+    /// that a run whose mode it leaves empty ends. On the loop's own thread there is no one to
+    /// wake: a pass purges before it sleeps, and a run before it starts (a wake-up written
+    /// there only cost the next run a pass, two system calls and the write). A hosted loop is
+    /// woken all the same: its host runs a pass only when `descriptor` is readable.
+    /// Safe from any thread.
+    func noteInvalidationWaking() {
+        noteInvalidation()
+        if hosted.load(ordering: .relaxed) || !isOwnedByCurrentThread { wakeUp() }
+    }
+
     /// The invalidation count, for `purgeInvalid`.
     var invalidationCount: UInt64 { invalidations.load(ordering: .acquiring) }
 
@@ -346,7 +364,13 @@ public final class PKRunLoop: @unchecked Sendable {
             let timeout: Int32 = pollOnly ? 0 : deadline.pollTimeoutMilliseconds(now: monotonicNanoseconds())
             // A pass that will not sleep (something ready, or the deadline passed) does not say so.
             let sleeps = timeout != 0
-            if sleeps { notifyObservers(.beforeWaiting, record) }
+            if sleeps {
+                notifyObservers(.beforeWaiting, record)
+                // An item invalidated on this thread since the last purge (by a perform block
+                // or an observer, say) woke no one: see whether it left the mode empty first.
+                purgeInvalid(record)
+                if record.isEmpty { return .finished }
+            }
             let count = (try? Epoll.wait(epollFD, events: readyEvents, tokens: readyTokens, capacity: capacity, timeoutMilliseconds: timeout)) ?? 0
             if sleeps { notifyObservers(.afterWaiting, record) }
 

@@ -66,10 +66,7 @@ public final class PKTimer: @unchecked Sendable {
     /// Stops the timer for good and removes it from its loop. Safe from any thread.
     public func invalidate() {
         guard valid.exchange(false, ordering: .acquiringAndReleasing) else { return }
-        if let loop {
-            loop.noteInvalidation()
-            loop.wakeUp()
-        }
+        loop?.noteInvalidationWaking()
     }
 
     /// Fires the timer now, on the calling thread, without changing its schedule (`-[NSTimer fire]`).

@@ -295,6 +295,34 @@ extension RunLoopTests {
     }
 }
 
+extension RunLoopTests.DescriptorSourceTests {
+    /// A hosted loop learns of an item its own thread invalidated between passes (a loop that
+    /// is not hosted is not woken for it: its next run purges first).
+    @Test func aHostedLoopsDescriptorBecomesReadableWhenItsThreadInvalidatesAnItem() throws {
+        let (before, afterTimer, afterSource) = try onLoopThread { loop in
+            let mode: PKRunLoopMode = "ds-hosted-invalidation"
+            let keeper = keepAlive(loop, mode)
+            let descriptor = loop.descriptor
+            let timer = loop.scheduleTimer(after: .seconds(3600), forMode: mode) { _ in }
+            let source = PKCustomSource {}
+            loop.add(source, forMode: mode)
+            loop.runOnePass(in: mode)
+            let before = try pollReadable(descriptor, timeoutMilliseconds: 0)
+            timer.invalidate()
+            let afterTimer = try pollReadable(descriptor, timeoutMilliseconds: 0)
+            loop.runOnePass(in: mode)
+            source.invalidate()
+            let afterSource = try pollReadable(descriptor, timeoutMilliseconds: 0)
+            loop.runOnePass(in: mode)
+            keeper.invalidate()
+            return (before, afterTimer, afterSource)
+        }
+        #expect(!before)
+        #expect(afterTimer)
+        #expect(afterSource)
+    }
+}
+
 /// A host's event loop: waits in poll(2) for `loop.descriptor` (never longer than 5 s) and
 /// runs one pass each time it is readable, until `done`.
 private func host(_ loop: PKRunLoop, _ mode: PKRunLoopMode, _ what: String, until done: () -> Bool) throws {

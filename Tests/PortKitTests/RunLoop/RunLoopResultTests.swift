@@ -53,6 +53,50 @@ extension RunLoopTests {
             #expect(plainRunReturned)
         }
 
+        /// Invalidating an item on the loop's own thread wakes no one: the pass itself notices,
+        /// before it sleeps, that the mode has nothing left.
+        @Test func aRunEndsWhenAnObserverOrPerformBlockInvalidatesTheModesLastItem() throws {
+            let (byObserver, byBlock) = try onLoopThread { loop in
+                // The only item is a timer due in an hour; an observer invalidates it just before
+                // the loop would sleep.
+                let distant = loop.scheduleTimer(after: .seconds(3600), forMode: "finished-observer") { _ in }
+                let observer = PKRunLoopObserver(activities: .beforeWaiting, repeats: false) { _, _ in distant.invalidate() }
+                loop.add(observer, forMode: "finished-observer")
+                let byObserver = loop.run(in: "finished-observer", until: .after(patience(.seconds(10))))
+
+                // The only item is a custom source that a perform block invalidates.
+                let doomed = PKCustomSource {}
+                loop.add(doomed, forMode: "finished-block")
+                loop.perform(inModes: ["finished-block"]) { doomed.invalidate() }
+                let byBlock = loop.run(in: "finished-block", until: .after(patience(.seconds(10))))
+                return (byObserver, byBlock)
+            }
+            #expect(byObserver == .finished)
+            #expect(byBlock == .finished)
+        }
+
+        /// An item invalidated on the loop's own thread between runs leaves no wake-up behind: the
+        /// next run sleeps once until its deadline instead of waking at once for nothing.
+        @Test func anItemInvalidatedOnTheLoopsThreadCostsTheNextRunNoExtraPass() throws {
+            let wakes = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "no-stale-wake"
+                loop.scheduleTimer(after: .seconds(3600), forMode: mode) { _ in }
+                let doomedTimer = loop.scheduleTimer(after: .seconds(3600), forMode: mode) { _ in }
+                let doomedSource = PKCustomSource {}
+                loop.add(doomedSource, forMode: mode)
+                doomedTimer.invalidate()
+                doomedSource.invalidate()
+                let wakes = Locked(0)
+                let observer = PKRunLoopObserver(activities: .afterWaiting) { _, _ in wakes.withLock { $0 += 1 } }
+                loop.add(observer, forMode: mode)
+                let result = loop.run(in: mode, until: .after(.milliseconds(50)))
+                #expect(result == .timedOut)
+                observer.invalidate()
+                return wakes.value
+            }
+            #expect(wakes == 1)
+        }
+
         @Test func stopFromACallbackEndsTheRunWithStopped() throws {
             let result = try onLoopThread { loop in
                 keepAlive(loop, "stopped-mode")
