@@ -132,6 +132,16 @@ int pk_spawn(pid_t *pid, const char *path, char *const argv[], char *const envp[
 
 int pk_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
 
+#include <linux/futex.h>
+
+void pk_futex_wait(uint32_t *word, uint32_t expected) {
+    syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+}
+
+void pk_futex_wake_one(uint32_t *word) {
+    syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
 /// waitpid(2) without blocking; returns the pid when it ended (status in *status), 0 if it runs.
 int pk_waitpid_nohang(pid_t pid, int *status) { return waitpid(pid, status, WNOHANG); }
 

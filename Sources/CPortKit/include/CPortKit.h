@@ -29,6 +29,23 @@
 /// The kernel thread id of the calling thread, cached per thread (gettid(2) is a system call).
 pid_t pk_gettid(void);
 
+// MARK: - Futex (PKMutex)
+
+/// Sleeps while the 32-bit word at `word` holds `expected` (FUTEX_WAIT_PRIVATE, no timeout).
+/// Returns at once if it does not; may return early (a signal, a spurious wake-up).
+void pk_futex_wait(uint32_t *word, uint32_t expected);
+/// Wakes one thread sleeping on `word` (FUTEX_WAKE_PRIVATE).
+void pk_futex_wake_one(uint32_t *word);
+
+/// A busy-wait hint to the CPU (x86 `pause`, Arm `yield`).
+static inline void pk_spin_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__) || defined(__arm__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 /// Bytes written to a socket and not yet read by its peer (ioctl SIOCOUTQ), or -1.
 int pk_unsent_bytes(int fd);
 

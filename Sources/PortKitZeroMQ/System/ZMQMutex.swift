@@ -1,16 +1,18 @@
 #if ZeroMQ
-// The ZeroMQ transport's lock: PortKit's `PKMutex` (Synchronization's `Mutex` with hand-offs
-// ThreadSanitizer can see), declared in this module.
+// The ZeroMQ transport's lock: Synchronization's `Mutex` with hand-offs ThreadSanitizer can see
+// (a contended `Mutex` hands the lock over in the kernel, out of the sanitizer's sight; an
+// acquire/release pair on an atomic inside the critical section gives it the edge it misses).
 //
-// Why not `PKMutex` itself: a generic of another module reaches this one without its body
-// (PortKit's serialized module carries none for `PKMutex.withLock`, even marked `@inlinable`;
-// measured with `swiftc -emit-sil`, docs/performance.md), so every call ran unspecialized and
-// looked up generic metadata at run time: about a tenth of a ZeroMQ message's cost. Declared
-// here, the compiler specializes and inlines it as PortKit does `PKMutex`.
+// Why not the core's `PKMutex` (a futex lock of PortKit's own): a generic of another module
+// reaches this one without its body (PortKit's serialized module carries none for
+// `PKMutex.withLock`, even marked `@inlinable`; measured with `swiftc -emit-sil`,
+// docs/performance.md), so every call ran unspecialized and looked up generic metadata at run
+// time: about a tenth of a ZeroMQ message's cost. Declared here, the compiler specializes and
+// inlines it as PortKit does `PKMutex`.
 
 import Synchronization
 
-/// A mutex guarding a value, with hand-offs ThreadSanitizer can see (see `PKMutex`).
+/// A mutex guarding a value, with hand-offs ThreadSanitizer can see.
 struct ZMQMutex<Value: ~Copyable>: ~Copyable, @unchecked Sendable {
     private let mutex: Mutex<Value>
     private let handOff = Atomic<UInt>(0)
