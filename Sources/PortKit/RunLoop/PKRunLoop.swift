@@ -37,13 +37,30 @@ public final class PKRunLoop: @unchecked Sendable {
     /// readable, call `runOnePass(in:)` on the loop's thread. Owned by the loop; do not close it.
     /// Once read, the loop counts as hosted: work its own thread gives it between passes (an
     /// invalidated timer or source, say) makes the descriptor readable too.
+    /// Safe from any thread.
     public var descriptor: Int32 {
         hosted.store(true, ordering: .relaxed)
         return epollFD
     }
 
-    let epollFD: Int32
-    let wakeFD: Int32
+    /// The epoll descriptor, made with the wake-up eventfd when the loop first needs them: to
+    /// sleep, or to watch a descriptor. A loop that only runs passes that do not sleep (or whose
+    /// thread reports to another before its first sleep, as a worker checks in) makes them off
+    /// that path: the two cost about 2 µs of system calls here. Safe from any thread.
+    var epollFD: Int32 {
+        let made = epollDescriptor.load(ordering: .acquiring)
+        return made >= 0 ? made : makeKernelObjects()
+    }
+
+    /// Whether the loop has made its epoll descriptor and eventfd yet (for tests).
+    var hasKernelObjects: Bool { epollDescriptor.load(ordering: .acquiring) >= 0 }
+
+    /// -1 until `makeKernelObjects()`.
+    private let epollDescriptor = Atomic<Int32>(-1)
+    private let wakeDescriptor = Atomic<Int32>(-1)
+    /// Serializes the making of loops' kernel objects (once per loop; `descriptor` may be read
+    /// from another thread).
+    private static let kernelObjectsMaking = PKMutex(())
     /// The timerfd, made when the loop first arms a timer (a loop that never has one, such as a
     /// worker's, costs two descriptors and no more system calls than it needs).
     @exclusivity(unchecked) private var timerFD: Int32 = -1
@@ -172,20 +189,37 @@ public final class PKRunLoop: @unchecked Sendable {
 
     init(ownerThread: Int32) {
         self.threadID = ownerThread
-        do {
-            epollFD = try Epoll.create()
-            wakeFD = try EventFD.create()
-            try Epoll.add(epollFD, wakeFD, events: Epoll.readable, token: Token.wake)
-        } catch {
-            // A thread without a run loop cannot do anything PortKit offers.
-            fatalError("PortKit cannot create a run loop: \(error)")
-        }
     }
 
     deinit {
         if timerFD >= 0 { Descriptor.close(timerFD) }
-        Descriptor.close(wakeFD)
-        Descriptor.close(epollFD)
+        let wake = wakeDescriptor.load(ordering: .acquiring)
+        if wake >= 0 { Descriptor.close(wake) }
+        let epoll = epollDescriptor.load(ordering: .acquiring)
+        if epoll >= 0 { Descriptor.close(epoll) }
+    }
+
+    /// Makes the epoll descriptor and the wake-up eventfd, once; returns the epoll descriptor.
+    private func makeKernelObjects() -> Int32 {
+        Self.kernelObjectsMaking.withLock { _ in
+            let existing = epollDescriptor.load(ordering: .acquiring)
+            if existing >= 0 { return existing }
+            let epoll: Int32
+            do throws(PKError) {
+                epoll = try Epoll.create()
+                let wake = try EventFD.create()
+                try Epoll.add(epoll, wake, events: Epoll.readable, token: Token.wake)
+                // Sequentially consistent with `wakeUp()`: a waker that found no eventfd yet
+                // set `wakePending` first, and is seen here; one that comes after finds it.
+                wakeDescriptor.store(wake, ordering: .sequentiallyConsistent)
+                if wakePending.load(ordering: .sequentiallyConsistent) { EventFD.signal(wake) }
+            } catch {
+                // A thread without a run loop cannot do anything PortKit offers.
+                fatalError("PortKit cannot create a run loop: \(error)")
+            }
+            epollDescriptor.store(epoll, ordering: .releasing)
+            return epoll
+        }
     }
 
     /// The mode the innermost run of this loop is in, or `nil` when the loop is not running.
@@ -235,8 +269,10 @@ public final class PKRunLoop: @unchecked Sendable {
 
     /// Wakes the loop if it sleeps, so it runs another pass (`CFRunLoopWakeUp`). Safe from any thread.
     public func wakeUp() {
-        if !wakePending.exchange(true, ordering: .acquiringAndReleasing) {
-            EventFD.signal(wakeFD)
+        if !wakePending.exchange(true, ordering: .sequentiallyConsistent) {
+            // No eventfd yet: the loop has never slept, and signals itself when it makes one.
+            let wake = wakeDescriptor.load(ordering: .sequentiallyConsistent)
+            if wake >= 0 { EventFD.signal(wake) }
         }
     }
 
@@ -371,13 +407,16 @@ public final class PKRunLoop: @unchecked Sendable {
                 purgeInvalid(record)
                 if record.isEmpty { return .finished }
             }
-            let count = (try? Epoll.wait(epollFD, events: readyEvents, tokens: readyTokens, capacity: capacity, timeoutMilliseconds: timeout)) ?? 0
+            // A loop that has watched nothing and never slept has no epoll descriptor yet, and
+            // nothing it could report: a pass that does not sleep skips the system call.
+            let epoll = timeout == 0 ? epollDescriptor.load(ordering: .acquiring) : epollFD
+            let count = epoll < 0 ? 0 : (try? Epoll.wait(epoll, events: readyEvents, tokens: readyTokens, capacity: capacity, timeoutMilliseconds: timeout)) ?? 0
             if sleeps { notifyObservers(.afterWaiting, record) }
 
             for index in 0..<count {
                 switch readyTokens[index] {
                 case Token.wake:
-                    EventFD.drain(wakeFD)
+                    EventFD.drain(wakeDescriptor.load(ordering: .relaxed))
                     // An exchange, not a store: it acquires whatever a waker published before it
                     // found a wake-up already pending (and so did not write the eventfd).
                     _ = wakePending.exchange(false, ordering: .acquiringAndReleasing)

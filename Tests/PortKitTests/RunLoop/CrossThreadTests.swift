@@ -6,6 +6,61 @@ import Testing
 
 extension RunLoopTests {
     @Suite struct CrossThreadTests {
+        /// A loop makes its epoll descriptor and eventfd at its first sleep. Wake-ups and
+        /// messages from another thread before then are not lost: the first sleep finds them.
+        @Test func workFromAnotherThreadBeforeTheLoopsFirstSleepIsNotLost() throws {
+            let (madeBefore, handled, got) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "xt-before-first-sleep"
+                let performed = Locked(false)
+                let source = PKCustomSource { performed.value = true }
+                loop.add(source, forMode: mode)
+                var got: [UInt32] = []
+                let port = PKReceivePort { got.append($0.msgid) }
+                try loop.add(port, forMode: mode)
+                loop.runOnePass(in: mode)  // a pass that does not sleep makes nothing
+                let madeBefore = loop.hasKernelObjects
+                let right = port.makeSendRight()
+                let other = TestThread {
+                    source.signal(waking: loop)
+                    try? right.send(PKPortMessage(msgid: 7), timeout: .seconds(5))
+                }
+                try other.join()
+                let deadline = PKDeadline.after(patience(.seconds(10)))
+                while !(performed.value && got == [7]) && !deadline.hasPassed {
+                    loop.run(in: mode, until: deadline, returnAfterSourceHandled: true)
+                }
+                port.invalidate()
+                source.invalidate()
+                return (madeBefore, performed.value, got)
+            }
+            #expect(!madeBefore)
+            #expect(handled)
+            #expect(got == [7])
+        }
+
+        /// A bare `wakeUp()` from another thread before the loop ever slept (so before it has
+        /// an eventfd to write): the loop's first sleep ends at once, not at its deadline.
+        @Test func aWakeUpBeforeTheLoopsFirstSleepEndsThatSleep() throws {
+            let (madeBefore, result) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "xt-wake-before-first-sleep"
+                keepAlive(loop, mode)
+                let madeBefore = loop.hasKernelObjects
+                let other = TestThread { loop.wakeUp() }
+                try other.join()
+                // A lost wake-up would show as a sleep that lasts until the run's deadline.
+                let deadline = PKDeadline.after(patience(.seconds(10)))
+                let observer = PKRunLoopObserver(activities: .afterWaiting) { _, _ in
+                    if !deadline.hasPassed { loop.stop() }
+                }
+                loop.add(observer, forMode: mode)
+                let result = loop.run(in: mode, until: deadline)
+                observer.invalidate()
+                return (madeBefore, result)
+            }
+            #expect(!madeBefore)
+            #expect(result == .stopped, "the wake-up was lost: the first sleep lasted until the deadline")
+        }
+
         @Test func aSignalFromAnotherThreadWakesASleepingLoop() throws {
             let (result, performedOnOwner) = try onLoopThread { loop in
                 let mode: PKRunLoopMode = "xt-signal"
