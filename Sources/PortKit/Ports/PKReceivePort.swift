@@ -276,11 +276,14 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// reused from one request to the next (`sendRequest`) is revoked between them, so that a
     /// late answer to one request can never be taken for the answer to the next.
     func revokeSenders() {
+        // The undelivered messages are released after the lock: a message may hold a right to
+        // this very port, whose release takes the lock again.
+        var dropped: [PKPortMessage] = []
         let (pending, fired) = shared.withLock { state -> ([Int32], [Watcher]) in
             state.senderEpoch += 1
             state.localSenders = 0
             state.localSendersGone = false
-            state.mailbox = []
+            swap(&dropped, &state.mailbox)
             state.mailboxBytes = 0
             if state.waitingSenders > 0 { EventFD.signal(state.roomSignal) }
             let pending = state.pendingAdoptions
@@ -292,6 +295,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             }
             return (pending, fired)
         }
+        dropped = []
         for watcher in fired { Self.notify(watcher) }
         for fd in pending { Descriptor.close(fd) }
         localQueue.removeAllKeepingStorage()
@@ -525,17 +529,21 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         let kept = anchor.port
         anchor.port = nil
         defer { withExtendedLifetime(kept) {} }
+        // Released after the lock: an undelivered message may hold a right to this very port,
+        // whose release takes the lock again.
+        var dropped: [PKPortMessage] = []
         let (pending, _, watchers) = shared.withLock { state in
             defer {
                 state.pendingAdoptions = []
                 state.watchers = [:]
-                state.mailbox = []
+                swap(&dropped, &state.mailbox)
                 state.mailboxBytes = 0
                 // Senders waiting for room wake and find the port invalid.
                 if state.waitingSenders > 0 { EventFD.signal(state.roomSignal) }
             }
             return (state.pendingAdoptions, (), Array(state.watchers.values))
         }
+        dropped = []
         for watcher in watchers { Self.notify(watcher) }
         for fd in pending { Descriptor.close(fd) }
         localQueue = []

@@ -257,16 +257,16 @@ extension PKRunLoop {
     func register(_ source: PKDescriptorSource) throws(PKError) {
         guard let mask = source.epollMask else { return }
         if source.registeredEvents == nil {
-            try Epoll.add(epollFD, source.descriptor, events: mask, token: source.token)
+            try Epoll.add(try epollFD(), source.descriptor, events: mask, token: source.token)
         } else if source.registeredEvents != mask {
-            try Epoll.modify(epollFD, source.descriptor, events: mask, token: source.token)
+            try Epoll.modify(try epollFD(), source.descriptor, events: mask, token: source.token)
         }
         source.registeredEvents = mask
     }
 
     func unregister(_ source: PKDescriptorSource) {
         guard source.registeredEvents != nil else { return }
-        Epoll.remove(epollFD, source.descriptor)
+        Epoll.remove(epollDescriptor.load(ordering: .acquiring), source.descriptor)  // registered, so made
         source.registeredEvents = nil
     }
 

@@ -14,6 +14,7 @@
 //     } until handled-and-asked-to-return | timed out | stopped | the mode is empty
 //     notify exit
 
+import Logging
 import Synchronization
 
 /// A run loop (`NSRunLoop`, `CFRunLoop`): the event loop of one thread.
@@ -37,26 +38,31 @@ public final class PKRunLoop: @unchecked Sendable {
     /// readable, call `runOnePass(in:)` on the loop's thread. Owned by the loop; do not close it.
     /// Once read, the loop counts as hosted: work its own thread gives it between passes (an
     /// invalidated timer or source, say) makes the descriptor readable too.
-    /// Safe from any thread.
+    /// Read it on the loop's thread, before the host starts waiting on it. A process out of
+    /// descriptors when the loop first needs its own cannot host it: that traps.
     public var descriptor: Int32 {
         hosted.store(true, ordering: .relaxed)
-        return epollFD
+        do throws(PKError) { return try epollFD() } catch {
+            fatalError("PortKit cannot make the run loop's descriptor: \(error)")
+        }
     }
 
     /// The epoll descriptor, made with the wake-up eventfd when the loop first needs them: to
     /// sleep, or to watch a descriptor. A loop that only runs passes that do not sleep (or whose
     /// thread reports to another before its first sleep, as a worker checks in) makes them off
     /// that path: the two cost about 2 µs of system calls here. Safe from any thread.
-    var epollFD: Int32 {
+    ///
+    /// - Throws: `PKError` if the process is out of descriptors (the next need tries again).
+    func epollFD() throws(PKError) -> Int32 {
         let made = epollDescriptor.load(ordering: .acquiring)
-        return made >= 0 ? made : makeKernelObjects()
+        return made >= 0 ? made : try makeKernelObjects()
     }
 
     /// Whether the loop has made its epoll descriptor and eventfd yet (for tests).
     var hasKernelObjects: Bool { epollDescriptor.load(ordering: .acquiring) >= 0 }
 
     /// -1 until `makeKernelObjects()`.
-    private let epollDescriptor = Atomic<Int32>(-1)
+    let epollDescriptor = Atomic<Int32>(-1)
     private let wakeDescriptor = Atomic<Int32>(-1)
     /// Serializes the making of loops' kernel objects (once per loop; `descriptor` may be read
     /// from another thread).
@@ -64,6 +70,9 @@ public final class PKRunLoop: @unchecked Sendable {
     /// The timerfd, made when the loop first arms a timer (a loop that never has one, such as a
     /// worker's, costs two descriptors and no more system calls than it needs).
     @exclusivity(unchecked) private var timerFD: Int32 = -1
+    /// Whether the loop said once that it could not make its epoll descriptor.
+    @exclusivity(unchecked) private var reportedNoDescriptors = false
+    private static let logger = Logger(label: "PortKit.PKRunLoop")
 
     // Cross-thread state.
     private let wakePending = Atomic<Bool>(false)
@@ -200,26 +209,39 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     /// Makes the epoll descriptor and the wake-up eventfd, once; returns the epoll descriptor.
-    private func makeKernelObjects() -> Int32 {
-        Self.kernelObjectsMaking.withLock { _ in
+    private func makeKernelObjects() throws(PKError) -> Int32 {
+        try Self.kernelObjectsMaking.withLock { (_: inout Void) throws(PKError) -> Int32 in
             let existing = epollDescriptor.load(ordering: .acquiring)
             if existing >= 0 { return existing }
-            let epoll: Int32
+            let epoll = try Epoll.create()
+            let wake: Int32
             do throws(PKError) {
-                epoll = try Epoll.create()
-                let wake = try EventFD.create()
-                try Epoll.add(epoll, wake, events: Epoll.readable, token: Token.wake)
-                // Sequentially consistent with `wakeUp()`: a waker that found no eventfd yet
-                // set `wakePending` first, and is seen here; one that comes after finds it.
-                wakeDescriptor.store(wake, ordering: .sequentiallyConsistent)
-                if wakePending.load(ordering: .sequentiallyConsistent) { EventFD.signal(wake) }
+                wake = try EventFD.create()
+                do throws(PKError) { try Epoll.add(epoll, wake, events: Epoll.readable, token: Token.wake) } catch {
+                    Descriptor.close(wake)
+                    throw error
+                }
             } catch {
-                // A thread without a run loop cannot do anything PortKit offers.
-                fatalError("PortKit cannot create a run loop: \(error)")
+                Descriptor.close(epoll)
+                throw error
             }
+            // Sequentially consistent with `wakeUp()`: a waker that found no eventfd yet set
+            // `wakePending` first, and is seen here; one that comes after finds the eventfd.
+            wakeDescriptor.store(wake, ordering: .sequentiallyConsistent)
+            if wakePending.load(ordering: .sequentiallyConsistent) { EventFD.signal(wake) }
             epollDescriptor.store(epoll, ordering: .releasing)
             return epoll
         }
+    }
+
+    /// Consumes a wake-up nobody sleeps for (a run that returns `.finished` at once), so that a
+    /// hosted loop's descriptor does not stay readable. Loop-only.
+    private func consumeStaleWake() {
+        guard wakePending.load(ordering: .relaxed) else { return }
+        let wake = wakeDescriptor.load(ordering: .acquiring)
+        guard wake >= 0 else { return }  // never slept: the eventfd's maker signals it
+        EventFD.drain(wake)
+        _ = wakePending.exchange(false, ordering: .acquiringAndReleasing)
     }
 
     /// The mode the innermost run of this loop is in, or `nil` when the loop is not running.
@@ -316,11 +338,15 @@ public final class PKRunLoop: @unchecked Sendable {
         // a mode without one needs the string comparison.
         guard let record = record(mode) else {
             precondition(mode != .common, "PKRunLoop.run: a loop cannot run in the common-modes pseudo-mode; run a real mode such as .default")
+            consumeStaleWake()
             return .finished
         }
         if threadEnded { return .finished }
         purgeInvalid(record)
-        if record.isEmpty { return .finished }
+        if record.isEmpty {
+            consumeStaleWake()
+            return .finished
+        }
         let previous = currentMode
         currentMode = mode
         // Signalled sources of this mode may have been skipped while another mode ran.
@@ -397,19 +423,32 @@ public final class PKRunLoop: @unchecked Sendable {
             let pollOnly = handledSource || hasPendingWork(mode)
             armTimer(for: record)
             if !pendingWrites.isEmpty { flushPendingWrites() }
-            let timeout: Int32 = pollOnly ? 0 : deadline.pollTimeoutMilliseconds(now: monotonicNanoseconds())
+            var timeout: Int32 = pollOnly ? 0 : deadline.pollTimeoutMilliseconds(now: monotonicNanoseconds())
             // A pass that will not sleep (something ready, or the deadline passed) does not say so.
             let sleeps = timeout != 0
             if sleeps {
                 notifyObservers(.beforeWaiting, record)
-                // An item invalidated on this thread since the last purge (by a perform block
-                // or an observer, say) woke no one: see whether it left the mode empty first.
+                // Items invalidated on this thread since the last purge (by a perform block or
+                // an observer, say) woke no one: purge them now. If that left the mode empty,
+                // or the observers or the purge's cancel routines gave the loop work (another
+                // invalidation, a signal, a perform, a send), the wait only polls, and the end of
+                // the pass sees to it (an empty mode returns `.finished` there).
                 purgeInvalid(record)
-                if record.isEmpty { return .finished }
+                if record.isEmpty || record.purgedAt != invalidationCount || hasPendingWork(mode) {
+                    timeout = 0
+                } else {
+                    armTimer(for: record)  // the observers may have changed the timers
+                }
+                if !pendingWrites.isEmpty { flushPendingWrites() }
             }
             // A loop that has watched nothing and never slept has no epoll descriptor yet, and
             // nothing it could report: a pass that does not sleep skips the system call.
-            let epoll = timeout == 0 ? epollDescriptor.load(ordering: .acquiring) : epollFD
+            var epoll = epollDescriptor.load(ordering: .acquiring)
+            if epoll < 0 && timeout != 0 {
+                do throws(PKError) { epoll = try makeKernelObjects() } catch {
+                    napWithoutDescriptors(timeout, error)
+                }
+            }
             let count = epoll < 0 ? 0 : (try? Epoll.wait(epoll, events: readyEvents, tokens: readyTokens, capacity: capacity, timeoutMilliseconds: timeout)) ?? 0
             if sleeps { notifyObservers(.afterWaiting, record) }
 
@@ -447,6 +486,16 @@ public final class PKRunLoop: @unchecked Sendable {
             purgeInvalid(record)
             if record.isEmpty { return .finished }
         }
+    }
+
+    /// Out of descriptors at the loop's first sleep: sleeps at most 10 ms without epoll (a
+    /// wake-up from another thread is seen within that), and the next pass tries again.
+    private func napWithoutDescriptors(_ timeout: Int32, _ error: PKError) {
+        if !reportedNoDescriptors {
+            reportedNoDescriptors = true
+            Self.logger.error("the run loop of thread \(threadID) cannot make its epoll descriptor (\(error)); it polls every 10 ms until it can")
+        }
+        _ = try? Descriptor.poll(-1, events: 0, timeoutMilliseconds: timeout < 0 ? 10 : Swift.min(timeout, 10))
     }
 
     /// Whether something is ready that must not wait for a sleep.
@@ -551,8 +600,9 @@ public final class PKRunLoop: @unchecked Sendable {
         if timerFD < 0 {
             guard earliest != nil else { return }
             do throws(PKError) {
+                let epoll = try epollFD()
                 let made = try TimerFD.create()
-                do throws(PKError) { try Epoll.add(epollFD, made, events: Epoll.readable, token: Token.timer) } catch {
+                do throws(PKError) { try Epoll.add(epoll, made, events: Epoll.readable, token: Token.timer) } catch {
                     Descriptor.close(made)
                     throw error
                 }
@@ -641,14 +691,14 @@ public final class PKRunLoop: @unchecked Sendable {
     func flushPendingWritesFinally() {
         let connections = pendingWrites + Array(blockedWrites.values)
         pendingWrites = []
-        for (fd, _) in blockedWrites { Epoll.remove(epollFD, fd) }
+        for (fd, _) in blockedWrites { Epoll.remove(epollDescriptor.load(ordering: .acquiring), fd) }
         blockedWrites = [:]
         for connection in connections { connection.flushPending() }
     }
 
     private func watchForRoom(_ connection: SendConnection) {
         do throws(PKError) {
-            try Epoll.add(epollFD, connection.fd, events: Epoll.writable, token: Token.blockedWrite | UInt64(UInt32(bitPattern: connection.fd)))
+            try Epoll.add(try epollFD(), connection.fd, events: Epoll.writable, token: Token.blockedWrite | UInt64(UInt32(bitPattern: connection.fd)))
             blockedWrites[connection.fd] = connection
         } catch {
             // Not watchable (epoll refused a connected socket: out of memory). The bytes stay
@@ -660,7 +710,7 @@ public final class PKRunLoop: @unchecked Sendable {
     private func retryBlockedWrite(_ fd: Int32) {
         guard let connection = blockedWrites[fd] else { return }
         if connection.flushPendingWithoutWaiting() == .blocked { return }
-        Epoll.remove(epollFD, fd)
+        Epoll.remove(epollDescriptor.load(ordering: .acquiring), fd)
         blockedWrites[fd] = nil
     }
 
@@ -682,7 +732,12 @@ public final class PKRunLoop: @unchecked Sendable {
         commonItems = ModeRecord(mode: .common)
         deferredSignalled = []
         replySlots = []
-        signalledQueue.withLock { $0.removeAll() }
-        performQueue.withLock { $0.removeAll() }
+        // Released after the locks: a block's captures may perform on this loop as they go.
+        var signalled: [PKCustomSource] = []
+        signalledQueue.withLock { swap(&signalled, &$0) }
+        var blocks: [(modes: [PKRunLoopMode], block: @Sendable () -> Void)] = []
+        performQueue.withLock { swap(&blocks, &$0) }
+        signalled = []
+        blocks = []
     }
 }

@@ -11,7 +11,9 @@
 // mutex of Drepper's "Futexes Are Tricky". Taking a free lock is one compare-and-exchange with
 // acquire ordering, releasing it one exchange with release ordering, and a contended lock
 // passes through the same word, so the sanitizer sees every hand-over as it is. The word and
-// the value live in one allocation, so their addresses stay put when the struct moves.
+// the value live in one allocation, so their addresses stay put when the struct moves. Debug
+// builds also keep the holder's thread id, so that taking the lock again on the thread that
+// holds it traps instead of hanging.
 
 import CPortKit
 import Synchronization
@@ -19,6 +21,8 @@ import Synchronization
 /// A mutex guarding a value. Shared with the package's other modules (the ZeroMQ transport).
 package struct PKMutex<Value: ~Copyable>: ~Copyable, @unchecked Sendable {
     private let word: UnsafeMutablePointer<Atomic<UInt32>>
+    /// The holder's thread id (debug builds only), beside the word.
+    private let holder: UnsafeMutablePointer<Atomic<Int32>>
     private let value: UnsafeMutablePointer<Value>
 
     /// A mutex guarding `value`.
@@ -29,20 +33,23 @@ package struct PKMutex<Value: ~Copyable>: ~Copyable, @unchecked Sendable {
             alignment: Swift.max(MemoryLayout<UInt32>.alignment, MemoryLayout<Value>.alignment))
         word = raw.bindMemory(to: Atomic<UInt32>.self, capacity: 1)
         word.initialize(to: Atomic(0))
+        holder = (raw + MemoryLayout<UInt32>.size).bindMemory(to: Atomic<Int32>.self, capacity: 1)
+        holder.initialize(to: Atomic(0))
         self.value = (raw + offset).bindMemory(to: Value.self, capacity: 1)
         self.value.initialize(to: value)
     }
 
     deinit {
         value.deinitialize(count: 1)
+        holder.deinitialize(count: 1)
         word.deinitialize(count: 1)
-        UnsafeMutableRawPointer(word).deallocate()
+        UnsafeMutableRawPointer(word).deallocate()  // the allocation starts with the word
     }
 
-    /// Where the value starts: after the word, at the value's alignment.
+    /// Where the value starts: after the word and the holder, at the value's alignment.
     private static var valueOffset: Int {
         let alignment = MemoryLayout<Value>.alignment
-        return (MemoryLayout<UInt32>.size + alignment - 1) / alignment * alignment
+        return (MemoryLayout<UInt32>.size + MemoryLayout<Int32>.size + alignment - 1) / alignment * alignment
     }
 
     /// Runs `body` with the value, under the lock. Not re-entrant: taking the lock again on
@@ -57,14 +64,21 @@ package struct PKMutex<Value: ~Copyable>: ~Copyable, @unchecked Sendable {
 
     @inline(__always)
     private func lock() {
-        if _fastPath(word.pointee.compareExchange(expected: 0, desired: 1, ordering: .acquiring).exchanged) {
-            return
+        if !_fastPath(word.pointee.compareExchange(expected: 0, desired: 1, ordering: .acquiring).exchanged) {
+            lockContended()
         }
-        lockContended()
+        #if DEBUG
+        holder.pointee.store(ThreadIdentity.current, ordering: .relaxed)
+        #endif
     }
 
     @inline(never)
     private func lockContended() {
+        #if DEBUG
+        if holder.pointee.load(ordering: .relaxed) == ThreadIdentity.current {
+            preconditionFailure("PKMutex: the lock is taken again on the thread that holds it")
+        }
+        #endif
         // A holder on another CPU usually lets go within a few hundred cycles: spin a little
         // before asking the kernel to put this thread to sleep.
         for _ in 0..<Self.spins {
@@ -83,6 +97,9 @@ package struct PKMutex<Value: ~Copyable>: ~Copyable, @unchecked Sendable {
 
     @inline(__always)
     private func unlock() {
+        #if DEBUG
+        holder.pointee.store(0, ordering: .relaxed)
+        #endif
         if _slowPath(word.pointee.exchange(0, ordering: .releasing) == 2) {
             pk_futex_wake_one(futexAddress)
         }

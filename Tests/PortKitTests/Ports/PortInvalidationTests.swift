@@ -21,6 +21,30 @@ import Testing
     /// through them fails with `.invalidPort`.
     /// A handler that captures its own port (as the guide's often do) does not keep the port
     /// alive once it is invalidated: invalidation releases the handler, and the loop lets go.
+    /// Undelivered messages that hold rights to their own port are dropped after the port's
+    /// lock is let go: a right's release takes that lock again (it once trapped, then hung).
+    @Test func undeliveredMessagesCarryingRightsToTheirOwnPortAreDroppedSafely() throws {
+        let (invalidated, revokedValid) = try onPortLoopThread { loop -> (Bool, Bool) in
+            let port = PKReceivePort()
+            try loop.add(port, forMode: .default)
+            // Queued in the mailbox, not yet delivered: its reply port and a component are rights
+            // to the same port.
+            try port.makeSendRight().send(PKPortMessage(msgid: 1, components: [.port(port.makeSendRight())], replyPort: port.makeSendRight()), timeout: .seconds(5))
+            port.invalidate()
+
+            // The same when a reused reply port revokes its senders between requests.
+            let reused = PKReceivePort()
+            try loop.add(reused, forMode: .default)
+            try reused.makeSendRight().send(PKPortMessage(msgid: 2, replyPort: reused.makeSendRight()), timeout: .seconds(5))
+            reused.revokeSenders()
+            let revokedValid = reused.isValid
+            reused.invalidate()
+            return (!port.isValid, revokedValid)
+        }
+        #expect(invalidated)
+        #expect(revokedValid)
+    }
+
     @Test func anInvalidatedPortWhoseHandlerCapturesItIsReleased() throws {
         let released = try onPortLoopThread { loop -> Bool in
             weak var watched: PKReceivePort?

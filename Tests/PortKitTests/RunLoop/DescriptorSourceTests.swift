@@ -299,7 +299,7 @@ extension RunLoopTests.DescriptorSourceTests {
     /// A hosted loop learns of an item its own thread invalidated between passes (a loop that
     /// is not hosted is not woken for it: its next run purges first).
     @Test func aHostedLoopsDescriptorBecomesReadableWhenItsThreadInvalidatesAnItem() throws {
-        let (before, afterTimer, afterSource) = try onLoopThread { loop in
+        let (before, afterTimer, afterSource, emptied, afterEmpty) = try onLoopThread { loop in
             let mode: PKRunLoopMode = "ds-hosted-invalidation"
             let keeper = keepAlive(loop, mode)
             let descriptor = loop.descriptor
@@ -314,12 +314,18 @@ extension RunLoopTests.DescriptorSourceTests {
             source.invalidate()
             let afterSource = try pollReadable(descriptor, timeoutMilliseconds: 0)
             loop.runOnePass(in: mode)
+            // The mode's last item goes: the pass that finds the mode empty consumes the
+            // wake-up, so a host polling the descriptor does not spin.
             keeper.invalidate()
-            return (before, afterTimer, afterSource)
+            let emptied = loop.runOnePass(in: mode)
+            let afterEmpty = try pollReadable(descriptor, timeoutMilliseconds: 0)
+            return (before, afterTimer, afterSource, emptied, afterEmpty)
         }
         #expect(!before)
         #expect(afterTimer)
         #expect(afterSource)
+        #expect(emptied == .finished)
+        #expect(!afterEmpty)
     }
 }
 

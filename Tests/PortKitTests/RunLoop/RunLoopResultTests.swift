@@ -75,6 +75,44 @@ extension RunLoopTests {
             #expect(byBlock == .finished)
         }
 
+        /// What the pre-sleep purge sets off does not wait out the sleep: a cancel routine that
+        /// invalidates the mode's other item ends the run, one that signals a source has it
+        /// performed; and observers still see `afterWaiting` after `beforeWaiting`.
+        @Test func whatAPurgeBeforeSleepingSetsOffDoesNotWaitOutTheSleep() throws {
+            let (cascade, log, signalled, performed, timely) = try onLoopThread { loop in
+                let deadline = PKDeadline.after(patience(.seconds(10)))
+                // A's cancel invalidates B; an observer invalidates A just before the sleep.
+                let b = PKCustomSource {}
+                let a = PKCustomSource(cancel: { _, _ in b.invalidate() }) {}
+                loop.add(a, forMode: "purge-cascade")
+                loop.add(b, forMode: "purge-cascade")
+                let observer = PKRunLoopObserver(activities: .beforeWaiting, repeats: false) { _, _ in a.invalidate() }
+                loop.add(observer, forMode: "purge-cascade")
+                let log = Locked<[String]>([])
+                logActivities(of: loop, in: "purge-cascade", into: log, [.beforeWaiting, .afterWaiting, .exit])
+                let cascade = loop.run(in: "purge-cascade", until: deadline)
+
+                // D's cancel signals C (a signal wakes no one); C must run without a sleep first.
+                let performed = Locked(false)
+                let c = PKCustomSource { performed.value = true }
+                let d = PKCustomSource(cancel: { _, _ in c.signal() }) {}
+                let keeper = keepAlive(loop, "purge-signal")
+                loop.add(c, forMode: "purge-signal")
+                loop.add(d, forMode: "purge-signal")
+                let invalidator = PKRunLoopObserver(activities: .beforeWaiting, repeats: false) { _, _ in d.invalidate() }
+                loop.add(invalidator, forMode: "purge-signal")
+                let signalled = loop.run(in: "purge-signal", until: deadline, returnAfterSourceHandled: true)
+                keeper.invalidate()
+                c.invalidate()
+                return (cascade, log.value, signalled, performed.value, !deadline.hasPassed)
+            }
+            #expect(cascade == .finished)
+            #expect(log == ["beforeWaiting", "afterWaiting", "exit"])
+            #expect(signalled == .handledSource)
+            #expect(performed)
+            #expect(timely, "a run waited out its sleep")
+        }
+
         /// An item invalidated on the loop's own thread between runs leaves no wake-up behind: the
         /// next run sleeps once until its deadline instead of waking at once for nothing.
         @Test func anItemInvalidatedOnTheLoopsThreadCostsTheNextRunNoExtraPass() throws {

@@ -68,4 +68,21 @@ struct PKMutexTests {
         let value = mutex.withLock { value -> Int in value += 1; return value }
         #expect(value == 1)
     }
+
+    #if DEBUG
+    /// Taking the lock again on the thread that holds it is a programmer error: debug builds
+    /// trap with a message instead of hanging.
+    @Test func takingTheLockAgainOnItsThreadTrapsInDebugBuilds() async {
+        var result: ExitTest.Result?
+        await exitTestInTurn {
+            result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+                let mutex = PKMutex(0)
+                mutex.withLock { _ in mutex.withLock { _ in } }
+                exit(0)  // reached only if the second lock neither trapped nor hung
+            }
+        }
+        let message = String(decoding: result?.standardErrorContent ?? [], as: UTF8.self)
+        #expect(message.contains("taken again on the thread that holds it"))
+    }
+    #endif
 }

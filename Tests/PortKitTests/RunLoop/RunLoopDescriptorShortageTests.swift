@@ -1,0 +1,75 @@
+// A loop makes its epoll descriptor and eventfd when it first needs them. A process out of
+// descriptors at that moment gets an error where the API throws, and a loop that must sleep
+// naps and tries again: never a crash.
+
+import Glibc
+import Testing
+@testable import PortKit
+
+extension RunLoopTests {
+    @Suite struct RunLoopDescriptorShortageTests {
+        /// Run in a child process: it lowers its own descriptor limit and fills it.
+        @Test func aLoopOutOfDescriptorsAtItsFirstNeedThrowsOrNapsAndRecovers() async {
+            await exitTestInTurn {
+                await #expect(processExitsWith: .success) {
+                    let outcome = Locked<String?>(nil)
+                    let thread = TestThread(name: "fd-shortage") {
+                        let loop = PKRunLoop.current
+                        let mode: PKRunLoopMode = "shortage"
+                        let keeper = keepAlive(loop, mode)
+                        loop.runOnePass(in: mode)  // no sleep: nothing made yet
+                        var failures: [String] = []
+                        if loop.hasKernelObjects { failures.append("the loop made its descriptors before it needed them") }
+                        var pipeEnds: [Int32] = [-1, -1]
+                        guard pipe(&pipeEnds) == 0 else { outcome.value = "no pipe"; return }
+                        // Fill the descriptor table up to a lowered limit.
+                        var limit = rlimit()
+                        getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
+                        let saved = limit
+                        limit.rlim_cur = rlim_t(openDescriptorCount() + 16)
+                        setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
+                        var fillers: [Int32] = []
+                        while true {
+                            let fd = open("/dev/null", O_RDONLY | O_CLOEXEC)
+                            if fd < 0 { break }
+                            fillers.append(fd)
+                        }
+                        // Watching a descriptor needs the epoll descriptor: the add throws.
+                        let source = PKDescriptorSource(descriptor: pipeEnds[0], events: .readable) { _ in }
+                        do throws(PKError) {
+                            try loop.add(source, forMode: mode)
+                            failures.append("adding a descriptor source succeeded with no descriptor free")
+                        } catch {
+                            if error.code != .system { failures.append("add threw \(error), not a system error") }
+                        }
+                        // A run that must sleep naps until its deadline instead.
+                        let napped = loop.run(in: mode, until: .after(.milliseconds(30)))
+                        if napped != .timedOut { failures.append("the run without descriptors returned \(napped)") }
+                        // Descriptors free again: the loop makes its own and works as before.
+                        for fd in fillers { close(fd) }
+                        var restored = saved
+                        setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &restored)
+                        source.invalidate()
+                        var byte: UInt8 = 1
+                        _ = write(pipeEnds[1], &byte, 1)
+                        var seen = false
+                        let watcher = PKDescriptorSource(descriptor: pipeEnds[0], events: .readable) { _ in seen = true }
+                        do { try loop.add(watcher, forMode: mode) } catch { failures.append("add after recovery threw \(error)") }
+                        let deadline = PKDeadline.after(patience(.seconds(10)))
+                        while !seen && !deadline.hasPassed { loop.run(in: mode, until: deadline, returnAfterSourceHandled: true) }
+                        if !seen { failures.append("the recovered loop did not report a readable pipe") }
+                        if !loop.hasKernelObjects { failures.append("the recovered loop has no descriptors") }
+                        watcher.invalidate()
+                        keeper.invalidate()
+                        close(pipeEnds[0])
+                        close(pipeEnds[1])
+                        outcome.value = failures.isEmpty ? "ok" : failures.joined(separator: "; ")
+                    }
+                    do { try thread.joinPatiently(timeout: .seconds(60)) } catch { endExitTest("the thread did not end", failures: ["\(error)"]) }
+                    let value = outcome.value ?? "no outcome"
+                    endExitTest(value, failures: value == "ok" ? [] : [value])
+                }
+            }
+        }
+    }
+}
