@@ -65,6 +65,8 @@ private final class BackgroundLoop: Sendable {
                 let loop = PKRunLoop.current
                 // A source that is never signalled keeps the default mode from being empty.
                 loop.add(PKCustomSource(perform: {}), forMode: .common)
+                // Its descriptors now, as part of the first use: it sleeps at once anyway.
+                _ = try? loop.epollFD()
                 slot.value = loop
                 ready.signal()
                 while true { loop.run(in: .default) }

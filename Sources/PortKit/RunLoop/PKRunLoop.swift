@@ -433,13 +433,18 @@ public final class PKRunLoop: @unchecked Sendable {
                 // or the observers or the purge's cancel routines gave the loop work (another
                 // invalidation, a signal, a perform, a send), the wait only polls, and the end of
                 // the pass sees to it (an empty mode returns `.finished` there).
+                // (Only the observers or the purge's cancel routines can have changed anything
+                // since `pollOnly` was decided.)
+                let purgedBefore = record.purgedAt
                 purgeInvalid(record)
-                if record.isEmpty || record.purgedAt != invalidationCount || hasPendingWork(mode) {
-                    timeout = 0
-                } else {
-                    armTimer(for: record)  // the observers may have changed the timers
+                if record.observedActivities.contains(.beforeWaiting) || record.purgedAt != purgedBefore {
+                    if record.isEmpty || record.purgedAt != invalidationCount || hasPendingWork(mode) {
+                        timeout = 0
+                    } else {
+                        armTimer(for: record)  // the timers may have changed
+                    }
+                    if !pendingWrites.isEmpty { flushPendingWrites() }
                 }
-                if !pendingWrites.isEmpty { flushPendingWrites() }
             }
             // A loop that has watched nothing and never slept has no epoll descriptor yet, and
             // nothing it could report: a pass that does not sleep skips the system call.

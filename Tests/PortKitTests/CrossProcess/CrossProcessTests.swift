@@ -268,6 +268,7 @@ import Foundation
         try peer.expectLine("ready")
         let right = try dir.server.lookUp("echo2")
         let counts = try onLoopThread(timeout: patience(.seconds(60))) { loop in
+            warmUpLoopDescriptors(loop)
             let before = openDescriptorCount()
             for i in 0..<1000 {
                 let port = PKReceivePort()

@@ -47,7 +47,8 @@ import Foundation
     /// The soak itself: returns its figures and the checks that failed.
     static func soak(_ dir: TemporaryNameDirectory) async throws -> (String, [String]) {
         // On a thread of its own, with a deadline: a hang fails the child instead of holding it.
-        try await awaitLoopThread(timeout: patience(.seconds(Int(seconds) + 120))) { _ in
+        try await awaitLoopThread(timeout: patience(.seconds(Int(seconds) + 120))) { loop in
+            warmUpLoopDescriptors(loop)
             let peers = try (0..<2).map { try PeerProcess(["echo", dir.path, "soak-\($0)"]) }
             for peer in peers { try peer.expectLine("ready") }
             let startDescriptors = openDescriptorCount()

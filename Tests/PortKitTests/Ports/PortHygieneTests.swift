@@ -20,9 +20,7 @@ import Testing
                     _ = PKRunLoop.background  // first-use set-up out of the count
                     let warmUp = PKReceivePort()
                     try? loop.add(warmUp, forMode: .default)
-                    // The loop's own epoll descriptor and eventfd, made at its first sleep,
-                    // out of the count too.
-                    loop.run(in: .default, until: .after(.milliseconds(1)))
+                    warmUpLoopDescriptors(loop)
                     warmUp.invalidate()
                     let before = openDescriptorCount()
                     for index in 0..<1_000 {

@@ -256,6 +256,7 @@ import Testing
                         let right = try Self.right(server, road)
                         let counts = try onPortLoopThread { loop in
                             _ = try right.sendRequest(PKPortMessage(msgid: 0), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
+                            warmUpLoopDescriptors(loop)
                             let before = (loop.modeItems.count, openDescriptorCount())
                             for id in UInt32(1)...1000 {
                                 _ = try right.sendRequest(PKPortMessage(msgid: id), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
@@ -322,6 +323,7 @@ import Testing
             let right = try independentRight(to: server.port)
             _ = try right.sendRequest(PKPortMessage(msgid: 5, components: [.port(carried.makeSendRight())]), sendTimeout: .seconds(5), receiveTimeout: .seconds(5))
             loop.run(in: .default, until: .now)
+            warmUpLoopDescriptors(loop)
             let modes = loop.modeItems.count
             let descriptors = openDescriptorCount()
             for round in 0..<200 {

@@ -16,6 +16,11 @@ func openDescriptorCount() -> Int {
 }
 
 /// A thread that runs `body` and can be joined with a deadline.
+/// Makes `loop`'s own epoll descriptor and eventfd now (a loop makes them when it first sleeps),
+/// so that a test that counts the process's descriptors does not take them for something its
+/// work left behind.
+func warmUpLoopDescriptors(_ loop: PKRunLoop) { _ = try? loop.epollFD() }
+
 final class TestThread: @unchecked Sendable {
     private let done = Locked(false)
     private let thread: Thread
