@@ -166,6 +166,9 @@ extension PKRunLoop {
         assertOwner("add(_:forMode:)")
         precondition(source.isValid, "PKRunLoop.add: the descriptor source was invalidated")
         precondition(source.loop == nil || source.loop === self, "PKRunLoop.add: a descriptor source belongs to one run loop")
+        // The loop's own epoll descriptor first: out of descriptors, the add throws and the
+        // source is left as it was, to be added again later.
+        _ = try epollFD()
         if source.loop == nil {
             source.loop = self
             source.token = takeSlot(for: source)
@@ -284,6 +287,9 @@ extension PKRunLoop {
     }
 
     func registerParkedSources(for mode: PKRunLoopMode) {
+        // Out of descriptors for the loop's own epoll descriptor: they stay parked, and the
+        // next pass tries again (the failure is not theirs).
+        guard (try? epollFD()) != nil else { return }
         for token in parkedSources {
             guard let source = descriptorSource(token) else { parkedSources.remove(token); continue }
             guard source.isIn(mode), source.epollMask != nil else { continue }

@@ -236,12 +236,21 @@ public final class PKRunLoop: @unchecked Sendable {
 
     /// Consumes a wake-up nobody sleeps for (a run that returns `.finished` at once), so that a
     /// hosted loop's descriptor does not stay readable. Loop-only.
+    /// (A loop that is not hosted needs none of this: its next run makes a full pass before it
+    /// sleeps, and a stale wake-up costs it one pass.)
     private func consumeStaleWake() {
-        guard wakePending.load(ordering: .relaxed) else { return }
+        guard hosted.load(ordering: .relaxed) else { return }
         let wake = wakeDescriptor.load(ordering: .acquiring)
         guard wake >= 0 else { return }  // never slept: the eventfd's maker signals it
+        // Drained whatever the flag says: a waker may have set it before this looked and
+        // written after.
         EventFD.drain(wake)
         _ = wakePending.exchange(false, ordering: .acquiringAndReleasing)
+        // Work a consumed wake-up announced for another mode keeps the descriptor readable.
+        if stopRequested.load(ordering: .acquiring) || performCount.load(ordering: .acquiring) > 0
+            || signalledQueue.withLock({ !$0.isEmpty }) {
+            wakeUp()
+        }
     }
 
     /// The mode the innermost run of this loop is in, or `nil` when the loop is not running.
@@ -427,18 +436,21 @@ public final class PKRunLoop: @unchecked Sendable {
             // A pass that will not sleep (something ready, or the deadline passed) does not say so.
             let sleeps = timeout != 0
             if sleeps {
+                let observed = record.observedActivities.contains(.beforeWaiting)
                 notifyObservers(.beforeWaiting, record)
                 // Items invalidated on this thread since the last purge (by a perform block or
-                // an observer, say) woke no one: purge them now. If that left the mode empty,
-                // or the observers or the purge's cancel routines gave the loop work (another
-                // invalidation, a signal, a perform, a send), the wait only polls, and the end of
-                // the pass sees to it (an empty mode returns `.finished` there).
-                // (Only the observers or the purge's cancel routines can have changed anything
-                // since `pollOnly` was decided.)
+                // an observer, say) woke no one: purge them now. If the mode is empty (an
+                // observer may also have removed its last item), or the beforeWaiting observers
+                // or the purge's cancel routines gave the loop work (another invalidation, a
+                // signal, a perform, a stop, a send), the wait only polls, and the end of the
+                // pass sees to it (an empty mode returns `.finished` there). Nothing else runs
+                // between `pollOnly` and here.
                 let purgedBefore = record.purgedAt
                 purgeInvalid(record)
-                if record.observedActivities.contains(.beforeWaiting) || record.purgedAt != purgedBefore {
-                    if record.isEmpty || record.purgedAt != invalidationCount || hasPendingWork(mode) {
+                if record.isEmpty {
+                    timeout = 0
+                } else if observed || record.purgedAt != purgedBefore {
+                    if record.purgedAt != invalidationCount || hasQueuedWork(mode) {
                         timeout = 0
                     } else {
                         armTimer(for: record)  // the timers may have changed
@@ -501,6 +513,18 @@ public final class PKRunLoop: @unchecked Sendable {
             Self.logger.error("the run loop of thread \(threadID) cannot make its epoll descriptor (\(error)); it polls every 10 ms until it can")
         }
         _ = try? Descriptor.poll(-1, events: 0, timeoutMilliseconds: timeout < 0 ? 10 : Swift.min(timeout, 10))
+    }
+
+    /// Whether work was queued for this loop that a sleep must not wait for: a stop, a perform in
+    /// `mode`, a signalled source. Unlike `hasPendingWork`, it does not count the hint a run
+    /// leaves when it ends (a nested run in an observer would otherwise keep the loop from
+    /// ever sleeping). Loop-only.
+    private func hasQueuedWork(_ mode: PKRunLoopMode) -> Bool {
+        if stopRequested.load(ordering: .acquiring) { return true }
+        if performCount.load(ordering: .acquiring) > 0 && performQueue.withLock({ queue in queue.contains { modesMatch($0.modes, mode) } }) {
+            return true
+        }
+        return signalledQueue.withLock { !$0.isEmpty }
     }
 
     /// Whether something is ready that must not wait for a sleep.

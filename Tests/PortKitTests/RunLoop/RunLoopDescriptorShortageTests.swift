@@ -35,13 +35,15 @@ extension RunLoopTests {
                             fillers.append(fd)
                         }
                         // Watching a descriptor needs the epoll descriptor: the add throws.
-                        let source = PKDescriptorSource(descriptor: pipeEnds[0], events: .readable) { _ in }
+                        var seen = false
+                        let source = PKDescriptorSource(descriptor: pipeEnds[0], events: .readable) { _ in seen = true }
                         do throws(PKError) {
                             try loop.add(source, forMode: mode)
                             failures.append("adding a descriptor source succeeded with no descriptor free")
                         } catch {
                             if error.code != .system { failures.append("add threw \(error), not a system error") }
                         }
+                        if !source.isValid { failures.append("the failed add invalidated the source") }
                         // A run that must sleep naps until its deadline instead.
                         let napped = loop.run(in: mode, until: .after(.milliseconds(30)))
                         if napped != .timedOut { failures.append("the run without descriptors returned \(napped)") }
@@ -49,17 +51,14 @@ extension RunLoopTests {
                         for fd in fillers { close(fd) }
                         var restored = saved
                         setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &restored)
-                        source.invalidate()
                         var byte: UInt8 = 1
                         _ = write(pipeEnds[1], &byte, 1)
-                        var seen = false
-                        let watcher = PKDescriptorSource(descriptor: pipeEnds[0], events: .readable) { _ in seen = true }
-                        do { try loop.add(watcher, forMode: mode) } catch { failures.append("add after recovery threw \(error)") }
+                        do throws(PKError) { try loop.add(source, forMode: mode) } catch { failures.append("adding the same source after recovery threw \(error)") }
                         let deadline = PKDeadline.after(patience(.seconds(10)))
                         while !seen && !deadline.hasPassed { loop.run(in: mode, until: deadline, returnAfterSourceHandled: true) }
                         if !seen { failures.append("the recovered loop did not report a readable pipe") }
                         if !loop.hasKernelObjects { failures.append("the recovered loop has no descriptors") }
-                        watcher.invalidate()
+                        source.invalidate()
                         keeper.invalidate()
                         close(pipeEnds[0])
                         close(pipeEnds[1])

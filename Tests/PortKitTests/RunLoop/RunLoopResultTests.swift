@@ -135,6 +135,69 @@ extension RunLoopTests {
             #expect(wakes == 1)
         }
 
+        /// A beforeWaiting observer that runs the loop in another mode (a nested run leaves a
+        /// hint to rescan sources) does not keep the loop from sleeping.
+        @Test func aNestedRunInABeforeWaitingObserverLetsTheLoopSleep() throws {
+            let (result, calls) = try onLoopThread { loop in
+                let outer = keepAlive(loop, "nested-outer")
+                let inner = keepAlive(loop, "nested-inner")
+                var calls = 0
+                let observer = PKRunLoopObserver(activities: .beforeWaiting) { _, _ in
+                    calls += 1
+                    loop.run(in: "nested-inner", until: .distantPast)
+                }
+                loop.add(observer, forMode: "nested-outer")
+                let result = loop.run(in: "nested-outer", until: .after(.milliseconds(100)))
+                observer.invalidate()
+                outer.invalidate()
+                inner.invalidate()
+                return (result, calls)
+            }
+            #expect(result == .timedOut)
+            // A loop that sleeps makes a pass or two in 100 ms; one that spins, tens of thousands.
+            #expect(calls < 50, "the loop spun (\(calls) passes) instead of sleeping")
+        }
+
+        /// What an observer does before the sleep is seen before the sleep: removing the mode's
+        /// last item ends the run; signalling a source (and removing itself) has it performed.
+        @Test func anObserversChangesBeforeTheSleepAreSeenBeforeIt() throws {
+            let (removed, signalled, performed, timely) = try onLoopThread { loop in
+                let deadline = PKDeadline.after(patience(.seconds(10)))
+                let timer = loop.scheduleTimer(after: .seconds(3600), forMode: "observer-removes") { _ in }
+                // A repeating observer (a one-shot one is invalidated when it fires, which the
+                // pass would notice for that reason alone).
+                var removedIt = false
+                let remover = PKRunLoopObserver(activities: .beforeSources) { _, _ in
+                    if !removedIt { loop.remove(timer, forMode: "observer-removes") }
+                    removedIt = true
+                }
+                loop.add(remover, forMode: "observer-removes")
+                let removed = loop.run(in: "observer-removes", until: deadline)
+                timer.invalidate()
+                remover.invalidate()
+
+                let mode: PKRunLoopMode = "observer-signals"
+                let keeper = keepAlive(loop, mode)
+                let performed = Locked(false)
+                let source = PKCustomSource { performed.value = true }
+                loop.add(source, forMode: mode)
+                let signaller = PKRunLoopObserver(activities: .beforeWaiting) { observer, _ in
+                    source.signal()  // a signal wakes no one
+                    loop.remove(observer, forMode: mode)
+                }
+                loop.add(signaller, forMode: mode)
+                let signalled = loop.run(in: mode, until: deadline, returnAfterSourceHandled: true)
+                keeper.invalidate()
+                source.invalidate()
+                signaller.invalidate()
+                return (removed, signalled, performed.value, !deadline.hasPassed)
+            }
+            #expect(removed == .finished)
+            #expect(signalled == .handledSource)
+            #expect(performed)
+            #expect(timely, "a run waited out its sleep")
+        }
+
         @Test func stopFromACallbackEndsTheRunWithStopped() throws {
             let result = try onLoopThread { loop in
                 keepAlive(loop, "stopped-mode")
