@@ -247,10 +247,7 @@ public final class PKRunLoop: @unchecked Sendable {
         EventFD.drain(wake)
         _ = wakePending.exchange(false, ordering: .acquiringAndReleasing)
         // Work a consumed wake-up announced for another mode keeps the descriptor readable.
-        if stopRequested.load(ordering: .acquiring) || performCount.load(ordering: .acquiring) > 0
-            || signalledQueue.withLock({ !$0.isEmpty }) {
-            wakeUp()
-        }
+        if hasQueuedWork(nil) { wakeUp() }
     }
 
     /// The mode the innermost run of this loop is in, or `nil` when the loop is not running.
@@ -515,26 +512,26 @@ public final class PKRunLoop: @unchecked Sendable {
         _ = try? Descriptor.poll(-1, events: 0, timeoutMilliseconds: timeout < 0 ? 10 : Swift.min(timeout, 10))
     }
 
-    /// Whether work was queued for this loop that a sleep must not wait for: a stop, a perform in
-    /// `mode`, a signalled source. Unlike `hasPendingWork`, it does not count the hint a run
-    /// leaves when it ends (a nested run in an observer would otherwise keep the loop from
-    /// ever sleeping). Loop-only.
-    private func hasQueuedWork(_ mode: PKRunLoopMode) -> Bool {
+    /// Whether a stop, or a perform block for `mode` (for any mode when `nil`), is queued.
+    private func stopOrPerformQueued(_ mode: PKRunLoopMode?) -> Bool {
         if stopRequested.load(ordering: .acquiring) { return true }
-        if performCount.load(ordering: .acquiring) > 0 && performQueue.withLock({ queue in queue.contains { modesMatch($0.modes, mode) } }) {
-            return true
-        }
-        return signalledQueue.withLock { !$0.isEmpty }
+        guard performCount.load(ordering: .acquiring) > 0 else { return false }
+        guard let mode else { return true }
+        return performQueue.withLock { queue in queue.contains { modesMatch($0.modes, mode) } }
+    }
+
+    /// Whether work was queued for this loop that a sleep must not wait for: a stop, a perform in
+    /// `mode` (any mode when `nil`), a signalled source. Unlike `hasPendingWork`, it does not
+    /// count the hint a run leaves when it ends (a nested run in an observer would otherwise
+    /// keep the loop from ever sleeping), and it takes the signalled queue's lock. Loop-only.
+    private func hasQueuedWork(_ mode: PKRunLoopMode?) -> Bool {
+        stopOrPerformQueued(mode) || signalledQueue.withLock { !$0.isEmpty }
     }
 
     /// Whether something is ready that must not wait for a sleep.
     private func hasPendingWork(_ mode: PKRunLoopMode) -> Bool {
-        if stopRequested.load(ordering: .acquiring) { return true }
-        if performCount.load(ordering: .acquiring) > 0 && performQueue.withLock({ queue in queue.contains { modesMatch($0.modes, mode) } }) {
-            return true
-        }
-        // A source signalled since this pass performed sources.
-        return signalHint.load(ordering: .acquiring)
+        // Or a source signalled since this pass performed sources.
+        stopOrPerformQueued(mode) || signalHint.load(ordering: .acquiring)
     }
 
     // MARK: - Items in a pass

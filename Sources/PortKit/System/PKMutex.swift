@@ -18,7 +18,8 @@
 import CPortKit
 import Synchronization
 
-/// A mutex guarding a value. Shared with the package's other modules (the ZeroMQ transport).
+/// A mutex guarding a value. `package`: the ZeroMQ transport's tests use it too (the transport
+/// itself has `ZMQMutex`, docs/decisions.md).
 package struct PKMutex<Value: ~Copyable>: ~Copyable, @unchecked Sendable {
     private let word: UnsafeMutablePointer<Atomic<UInt32>>
     /// The holder's thread id (debug builds only), beside the word.
@@ -53,7 +54,7 @@ package struct PKMutex<Value: ~Copyable>: ~Copyable, @unchecked Sendable {
     }
 
     /// Runs `body` with the value, under the lock. Not re-entrant: taking the lock again on
-    /// the thread that holds it deadlocks.
+    /// the thread that holds it deadlocks (debug builds trap instead).
     package borrowing func withLock<Result: ~Copyable, E: Error>(
         _ body: (inout sending Value) throws(E) -> sending Result
     ) throws(E) -> sending Result {

@@ -4,8 +4,8 @@
 import CPortKit
 import Glibc
 
-/// A joinable thread running a Swift closure. `join`, `join(until:)` and `detach` are for one
-/// caller at a time (the owner: `PKWorkerThread.stop` lets one through).
+/// A joinable thread running a Swift closure. `join(until:)` and `detach` are for one caller at
+/// a time (the owner: `PKWorkerThread.stop` lets one through).
 final class SystemThread: @unchecked Sendable {
     private var handle = pthread_t()
     private var joined = false
@@ -23,13 +23,6 @@ final class SystemThread: @unchecked Sendable {
             Unmanaged<ThreadBody>.fromOpaque(box).release()
             throw PKError(.system, "cannot start thread \(name)", call: "pthread_create", errno: rc)
         }
-    }
-
-    /// Waits for the thread to end. The corresponding call is `pthread_join(3)`.
-    func join() {
-        guard !joined else { return }
-        joined = true
-        pthread_join(handle, nil)
     }
 
     /// Whether the calling thread is this thread (which cannot join itself).

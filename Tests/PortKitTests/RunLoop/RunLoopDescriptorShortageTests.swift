@@ -44,9 +44,15 @@ extension RunLoopTests {
                             if error.code != .system { failures.append("add threw \(error), not a system error") }
                         }
                         if !source.isValid { failures.append("the failed add invalidated the source") }
-                        // A run that must sleep naps until its deadline instead.
+                        // A run that must sleep naps (10 ms at a time) until its deadline instead.
+                        var passes = 0
+                        let counter = PKRunLoopObserver(activities: .afterWaiting) { _, _ in passes += 1 }
+                        loop.add(counter, forMode: mode)
                         let napped = loop.run(in: mode, until: .after(.milliseconds(30)))
+                        counter.invalidate()
                         if napped != .timedOut { failures.append("the run without descriptors returned \(napped)") }
+                        // Napping makes a few passes in 30 ms; spinning, thousands.
+                        if passes > 50 { failures.append("the run without descriptors spun: \(passes) passes in 30 ms") }
                         // Descriptors free again: the loop makes its own and works as before.
                         for fd in fillers { close(fd) }
                         var restored = saved
