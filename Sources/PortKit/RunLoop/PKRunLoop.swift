@@ -307,7 +307,9 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Ends the innermost run of the loop, which returns `.stopped` (`CFRunLoopStop`). Safe from
     /// any thread. If the loop is not running, its next run returns `.stopped` at once.
     public func stop() {
-        stopRequested.store(true, ordering: .releasing)
+        // An exchange, not a store: a second stopper's store would cut the first one's writes
+        // out of what the loop acquires when it takes the request.
+        _ = stopRequested.exchange(true, ordering: .acquiringAndReleasing)
         wakeUp()
     }
 

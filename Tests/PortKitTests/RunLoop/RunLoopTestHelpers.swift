@@ -3,7 +3,6 @@
 
 import Glibc
 import Testing
-import Synchronization
 @testable import PortKit
 
 /// A failed system call in a test's own set-up.
@@ -91,8 +90,9 @@ func flagWhenAsleep(_ loop: PKRunLoop, _ mode: PKRunLoopMode, _ flag: Locked<Boo
 }
 
 /// Serializes the in-process tests that open many descriptors at once (tests that count the
-/// process's descriptors run in a child process instead).
-let descriptorHeavyTests = Mutex<Void>(())
+/// process's descriptors run in a child process instead). `PKMutex`: its hand-overs are visible
+/// to ThreadSanitizer (see `TestLatch`).
+let descriptorHeavyTests = PKMutex<Void>(())
 
 /// Waits, up to `timeout`, until the process has at most `limit` open descriptors; returns the
 /// last count seen (a count above `limit` means they never settled).

@@ -1,7 +1,6 @@
 // Helpers shared by the tests: threads with deadlines, descriptor counting.
 
 import Foundation
-import Synchronization
 @testable import PortKit
 
 /// Failure raised by a helper when a deadline passes.
@@ -50,9 +49,12 @@ func waitUntil(_ what: String, timeout: Duration = .seconds(10), _ condition: ()
     }
 }
 
-/// A value one thread sets and another waits for, with a deadline.
+/// A value one thread sets and another waits for, with a deadline. Guarded by `PKMutex`, like
+/// `Locked`: a waiter that polls while the setter holds a plain `Mutex` takes it over inside the
+/// uninstrumented runtime, so ThreadSanitizer sees no hand-over and reports a race on whatever
+/// the value leads to (a port the setter's thread made, say).
 final class TestLatch<Value: Sendable>: Sendable {
-    private let state = Mutex<Value?>(nil)
+    private let state = PKMutex<Value?>(nil)
     init() {}
     func set(_ value: Value) { state.withLock { $0 = value } }
     var value: Value? { state.withLock { $0 } }
