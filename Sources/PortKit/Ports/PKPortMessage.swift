@@ -58,3 +58,14 @@ public struct PKPortMessage: Sendable {
     /// The port components, in order.
     public var ports: [PKSendPort] { components.compactMap(\.port) }
 }
+
+extension Array where Element == PKPortMessage {
+    /// Moves the message at `index` out, leaving an empty one in its place: a queue that hands
+    /// its messages out this way neither retains their components and reply port on the way
+    /// out nor releases them again when it is cleared.
+    mutating func takeMessage(at index: Int) -> PKPortMessage {
+        var taken = PKPortMessage(msgid: 0)
+        swap(&taken, &self[index])
+        return taken
+    }
+}

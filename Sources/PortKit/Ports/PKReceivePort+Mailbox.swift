@@ -13,16 +13,18 @@ extension PKReceivePort {
 
     /// Queues `message` in the mailbox, waiting while it is full until `deadline`.
     /// A sender's right of `epoch` (see `revokeSenders()`) must still be current.
-    func enqueueLocal(_ message: PKPortMessage, epoch: UInt64? = nil, before deadline: PKDeadline) throws(PKError) {
+    func enqueueLocal(_ message: consuming PKPortMessage, epoch: UInt64? = nil, before deadline: PKDeadline) throws(PKError) {
         let bytes = message.dataByteCount
         try checkLimits(message, dataBytes: bytes)
-        let message = try Self.ownRights(for: message, before: deadline)
+        // Moved into the mailbox, not copied: a copy would retain its components and reply port
+        // here and release them again on the way out.
+        var pending: PKPortMessage? = try Self.ownRights(for: message, before: deadline)
         while true {
             let outcome = try shared.withLock { state throws(PKError) -> MailboxOutcome in
                 guard state.isValid else { throw PKError(.invalidPort, "cannot send: the receive port was invalidated") }
                 if let epoch, epoch != state.senderEpoch { throw PKError(.invalidPort, "cannot send: the send right was invalidated") }
                 if hasRoom(state, for: bytes) {
-                    state.mailbox.append(message)
+                    state.mailbox.append(pending.take()!)
                     state.mailboxBytes += bytes
                     // Only the first message of a batch needs to wake the loop: it takes them all.
                     return .queued(wake: state.mailbox.count == 1 ? state.loop : nil)
@@ -61,7 +63,7 @@ extension PKReceivePort {
     /// The receiver of an in-process message gets rights of its own, as across processes: a
     /// port of this process becomes a `LocalRight` (no socket), any other a new connection;
     /// either counts as a sender and can be invalidated on its own, as a Mach send right.
-    private static func ownRights(for message: PKPortMessage, before deadline: PKDeadline) throws(PKError) -> PKPortMessage {
+    private static func ownRights(for message: consuming PKPortMessage, before deadline: PKDeadline) throws(PKError) -> PKPortMessage {
         func own(_ right: PKSendPort) throws(PKError) -> PKSendPort {
             switch right.storage {
             case .local(let port):
@@ -74,9 +76,8 @@ extension PKReceivePort {
                 return PKSendPort(connection: SendConnection(takingOwnershipOf: try right.makeTransferDescriptor(before: deadline)))
             }
         }
-        var result = message
-        if let reply = message.replyPort { result.replyPort = try own(reply) }
-        guard message.components.contains(where: { $0.port != nil }) else { return result }
+        if let reply = message.replyPort { message.replyPort = try own(reply) }
+        guard message.components.contains(where: { $0.port != nil }) else { return message }
         var components: [PKPortComponent] = []
         components.reserveCapacity(message.components.count)
         for component in message.components {
@@ -85,8 +86,8 @@ extension PKReceivePort {
             case .port(let right): components.append(.port(try own(right)))
             }
         }
-        result.components = components
-        return result
+        message.components = components
+        return message
     }
 
     /// The limits a message through a socket would be held to, by this port's own limits.

@@ -668,7 +668,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             progressed = false
             // In-process messages first, in the order they were sent, then each connection's.
             while localQueueHead < localQueue.count {
-                let message = localQueue[localQueueHead]
+                let message = localQueue.takeMessage(at: localQueueHead)
                 localQueueHead += 1
                 progressed = true
                 handler(message)

@@ -274,16 +274,16 @@ final class ReceiveConnection {
         return PKSendPort(connection: SendConnection(takingOwnershipOf: descriptors[next]))
     }
 
-    private func enqueue(_ message: PKPortMessage) {
+    private func enqueue(_ message: consuming PKPortMessage) {
+        queuedBytes += message.dataByteCount
         queue.append(message)
-        queuedBytes += message.components.reduce(0) { $0 + ($1.data?.count ?? 0) }
     }
 
     func dequeue() -> PKPortMessage? {
         guard queueHead < queue.count else { return nil }
-        let message = queue[queueHead]
+        let message = queue.takeMessage(at: queueHead)
         queueHead += 1
-        queuedBytes -= message.components.reduce(0) { $0 + ($1.data?.count ?? 0) }
+        queuedBytes -= message.dataByteCount
         if queueHead == queue.count {
             queue.removeAllKeepingStorage()
             queueHead = 0

@@ -357,17 +357,19 @@ public final class PKRunLoop: @unchecked Sendable {
         }
         let previous = currentMode
         currentMode = mode
-        // Signalled sources of this mode may have been skipped while another mode ran.
-        signalHint.store(true, ordering: .releasing)
+        // Signalled sources of this mode may have been skipped while another mode ran: those
+        // wait in `deferredSignalled`. (Every other signal sets the hint itself.)
+        if !deferredSignalled.isEmpty { signalHint.store(true, ordering: .releasing) }
         runDepth += 1
         defer {
             if !pendingWrites.isEmpty { flushPendingWrites() }
             runDepth -= 1
             currentMode = previous
-            signalHint.store(true, ordering: .releasing)
+            if !deferredSignalled.isEmpty { signalHint.store(true, ordering: .releasing) }
             // After the outermost run, stay armed for the mode just run: a loop hosted through
-            // `descriptor` learns that way when its next timer is due.
-            armTimer(for: previous ?? mode)
+            // `descriptor` learns that way when its next timer is due. (Any other run arms for
+            // its mode before it sleeps, and so does the pass a nested run returns to.)
+            if hosted.load(ordering: .relaxed) { armTimer(for: previous ?? mode) }
         }
         notifyObservers(.entry, record)
         let result = runPasses(record, deadline, returnAfterSourceHandled)

@@ -329,6 +329,37 @@ extension RunLoopTests.DescriptorSourceTests {
     }
 }
 
+extension RunLoopTests.DescriptorSourceTests {
+    /// A handler that runs the loop in another mode after the pass armed the timerfd (here a
+    /// descriptor source's) leaves it armed for that mode's timers; the hosted loop's outermost
+    /// run re-arms it for its own mode when it ends, so its host still learns when a timer of
+    /// that mode is due.
+    @Test func aHostedLoopsTimerStaysArmedAfterANestedRunInAnotherMode() throws {
+        let fired = try onLoopThread { loop in
+            let mode: PKRunLoopMode = "ds-hosted-nested"
+            let other: PKRunLoopMode = "ds-hosted-nested-other"
+            let pipe = try TestPipe()
+            defer { pipe.closeBoth() }
+            let far = loop.scheduleTimer(after: .seconds(3600), forMode: other) { _ in }
+            defer { far.invalidate() }
+            let source = PKDescriptorSource(descriptor: pipe.readEnd) { _ in
+                pipe.drain()
+                loop.runOnePass(in: other)  // arms the timerfd for the hour-long timer
+            }
+            try loop.add(source, forMode: mode)
+            defer { source.invalidate() }
+            let fired = Locked(false)
+            let timer = loop.scheduleTimer(after: .milliseconds(20), forMode: mode) { _ in fired.value = true }
+            defer { timer.invalidate() }
+            _ = loop.descriptor
+            pipe.makeReadable()
+            try host(loop, mode, "the timer after a nested run") { fired.value }
+            return fired.value
+        }
+        #expect(fired)
+    }
+}
+
 /// A host's event loop: waits in poll(2) for `loop.descriptor` (never longer than 5 s) and
 /// runs one pass each time it is readable, until `done`.
 private func host(_ loop: PKRunLoop, _ mode: PKRunLoopMode, _ what: String, until done: () -> Bool) throws {
