@@ -34,9 +34,11 @@ extension PKReceivePort {
                 state.waitingSenders += 1
                 return .full(room: state.roomSignal, ownThread: state.loop?.isOwnedByCurrentThread ?? false)
             }
-            switch outcome {
+            switch consume outcome {
             case .queued(let loop):
-                if let loop { adopter.signal(waking: loop) }
+                // The loop the port is bound to is the adopter's (see `schedule(on:mode:)`; a
+                // signal before the adopter is added there waits in the loop's queue for it).
+                if let loop { adopter.signal(onItsLoop: loop) }
                 return
             case .full(let room, let ownThread):
                 defer { shared.withLock { $0.waitingSenders -= 1 } }

@@ -66,6 +66,14 @@ public final class PKCustomSource: @unchecked Sendable {
         loop.wakeUp()
     }
 
+    /// `signal(waking: loop)` for a source the caller knows was added to `loop`: it skips the
+    /// lock and the weak load of the source's own link (a loop has weak references, so each
+    /// retain of it takes the runtime's slow path).
+    func signal(onItsLoop loop: PKRunLoop) {
+        if !signalled.exchange(true, ordering: .acquiringAndReleasing) { loop.noteSignalled(self) }
+        loop.wakeUp()
+    }
+
     /// Removes the source from every mode of its loop, for good (`CFRunLoopSourceInvalidate`).
     /// Safe from any thread; the loop calls `cancel` for each mode on its own thread.
     public func invalidate() {
