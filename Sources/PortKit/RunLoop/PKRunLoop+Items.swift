@@ -91,7 +91,7 @@ extension PKRunLoop {
             commonItems.timers.append(timer)
         }
         forEachResolved(mode) { m in insert(timer, into: m) }
-        if let currentMode { armTimer(for: currentMode) }
+        if let currentMode { armTimer(for: currentMode) } else { armHostedBetweenPasses(mode) }
     }
 
     /// Removes a timer from `mode` without invalidating it. Loop-only.

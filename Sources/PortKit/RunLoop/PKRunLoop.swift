@@ -131,6 +131,8 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Counts passes, so a connection knows whether it was written to in the current one.
     @exclusivity(unchecked) private(set) var passNumber: UInt64 = 0
     @exclusivity(unchecked) private var armedTimer: UInt64?
+    /// The mode record the timerfd was last armed for (records live as long as the loop).
+    @exclusivity(unchecked) private var armedRecord: ModeRecord?
     private let ended = Atomic<Bool>(false)
     /// Whether the loop's thread has ended (every item has left the loop). Safe from any thread.
     var threadEnded: Bool { ended.load(ordering: .acquiring) }
@@ -365,11 +367,21 @@ public final class PKRunLoop: @unchecked Sendable {
             if !pendingWrites.isEmpty { flushPendingWrites() }
             runDepth -= 1
             currentMode = previous
-            if !deferredSignalled.isEmpty { signalHint.store(true, ordering: .releasing) }
-            // After the outermost run, stay armed for the mode just run: a loop hosted through
-            // `descriptor` learns that way when its next timer is due. (Any other run arms for
-            // its mode before it sleeps, and so does the pass a nested run returns to.)
-            if hosted.load(ordering: .relaxed) { armTimer(for: previous ?? mode) }
+            // A nested run may have left the outer mode work it took: signalled sources it
+            // deferred, ready descriptor sources it parked. The hint makes the outer pass look
+            // again before it sleeps (and a hosted loop's descriptor readable).
+            if let previous, !deferredSignalled.isEmpty || hasParkedSource(in: previous) {
+                signalHint.store(true, ordering: .releasing)
+            }
+            // Stay armed for the mode the loop returns to (the outer run's, or after the
+            // outermost run this one's): a loop hosted through `descriptor` learns that way
+            // when its next timer is due, now or once it is hosted. Any other run arms for its
+            // mode before it sleeps, and so does the pass a nested run returns to.
+            if hosted.load(ordering: .relaxed) {
+                armTimer(for: previous ?? mode)
+            } else if previous == nil, armedRecord !== record {
+                armTimer(for: record)
+            }
         }
         notifyObservers(.entry, record)
         let result = runPasses(record, deadline, returnAfterSourceHandled)
@@ -451,7 +463,7 @@ public final class PKRunLoop: @unchecked Sendable {
                 if record.isEmpty {
                     timeout = 0
                 } else if observed || record.purgedAt != purgedBefore {
-                    if record.purgedAt != invalidationCount || hasQueuedWork(mode) {
+                    if record.purgedAt != invalidationCount || hasQueuedWork(mode) || hasTakenWork(mode) {
                         timeout = 0
                     } else {
                         armTimer(for: record)  // the timers may have changed
@@ -530,6 +542,20 @@ public final class PKRunLoop: @unchecked Sendable {
     /// keep the loop from ever sleeping), and it takes the signalled queue's lock. Loop-only.
     private func hasQueuedWork(_ mode: PKRunLoopMode?) -> Bool {
         stopOrPerformQueued(mode) || signalledQueue.withLock { !$0.isEmpty }
+    }
+
+    /// Whether a nested run left `mode` work it took (see `run`'s end): a signalled source of
+    /// `mode` it deferred, or a ready descriptor source of `mode` it parked. Loop-only.
+    private func hasTakenWork(_ mode: PKRunLoopMode) -> Bool {
+        deferredSignalled.contains { $0.modes.contains(mode) } || hasParkedSource(in: mode)
+    }
+
+    /// Whether a descriptor source of `mode` that watches something waits parked. Loop-only.
+    private func hasParkedSource(in mode: PKRunLoopMode) -> Bool {
+        parkedSources.contains { token in
+            guard let source = descriptorSource(token) else { return false }
+            return source.isIn(mode) && source.epollMask != nil
+        }
     }
 
     /// Whether something is ready that must not wait for a sleep.
@@ -625,6 +651,7 @@ public final class PKRunLoop: @unchecked Sendable {
                 if earliest == nil || latest < earliest! { earliest = latest }
             }
         }
+        if armedRecord !== record { armedRecord = record }
         guard earliest != armedTimer else { return }
         armedTimer = earliest
         if timerFD < 0 {
@@ -646,11 +673,19 @@ public final class PKRunLoop: @unchecked Sendable {
         TimerFD.set(timerFD, deadline: earliest)
     }
 
+    /// Between passes, a hosted loop's timerfd follows a change of timers (its host waits for
+    /// the descriptor, not for a run): armed for the mode it was last armed for, or `mode`'s if
+    /// it never was. Loop-only.
+    func armHostedBetweenPasses(_ mode: PKRunLoopMode?) {
+        guard hosted.load(ordering: .relaxed), let target = armedRecord ?? mode.flatMap({ record($0) }) else { return }
+        armTimer(for: target)
+    }
+
     /// Called when a timer's dates change, so the timerfd follows.
     func timersChanged() {
         if ThreadIdentity.current == threadID {
             armedTimer = .max - 1  // force a re-arm on the next pass
-            if currentMode != nil { armTimer(for: currentMode) }
+            if currentMode != nil { armTimer(for: currentMode) } else { armHostedBetweenPasses(nil) }
         } else {
             wakeUp()
         }

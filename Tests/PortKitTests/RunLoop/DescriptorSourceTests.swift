@@ -373,6 +373,34 @@ private func host(_ loop: PKRunLoop, _ mode: PKRunLoopMode, _ what: String, unti
     }
 }
 
+/// Runs `body` with a pipe whose read end is a descriptor source of `mode` (it drains what it
+/// reads), while `other` holds an hour-long timer: a nested run in `other` neither ends at once
+/// nor watches the pipe, so it parks the source once the pipe is readable.
+private func withSourceToPark<R>(
+    _ loop: PKRunLoop, _ mode: PKRunLoopMode, _ other: PKRunLoopMode, _ body: (TestPipe) throws -> R
+) throws -> R {
+    let far = loop.scheduleTimer(after: .seconds(3600), forMode: other) { _ in }
+    defer { far.invalidate() }
+    let data = try TestPipe()
+    defer { data.closeBoth() }
+    let source = PKDescriptorSource(descriptor: data.readEnd) { _ in data.drain() }
+    try loop.add(source, forMode: mode)
+    defer { source.invalidate() }
+    return try body(data)
+}
+
+/// An observer of `mode` that runs `body` the first time the loop is about to sleep.
+private func onceBeforeWaiting(_ loop: PKRunLoop, _ mode: PKRunLoopMode, _ body: @escaping () -> Void) -> PKRunLoopObserver {
+    var done = false
+    let observer = PKRunLoopObserver(activities: .beforeWaiting) { _, _ in
+        if done { return }
+        done = true
+        body()
+    }
+    loop.add(observer, forMode: mode)
+    return observer
+}
+
 /// Whether `fd` is readable within `timeoutMilliseconds`, by `poll(2)`.
 private func pollReadable(_ fd: Int32, timeoutMilliseconds: Int32) throws -> Bool {
     var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
@@ -380,5 +408,151 @@ private func pollReadable(_ fd: Int32, timeoutMilliseconds: Int32) throws -> Boo
         let n = poll(&entry, 1, timeoutMilliseconds)
         if n >= 0 { return n == 1 && entry.revents & Int16(POLLIN) != 0 }
         if errno != EINTR { throw TestSystemCallFailed(call: "poll", errno: errno) }
+    }
+}
+
+extension RunLoopTests.DescriptorSourceTests {
+    /// A nested run of another mode parks (unregisters) a descriptor source of the hosted loop's
+    /// mode that became ready meanwhile: the end of the nested run makes the outer run leave
+    /// `descriptor` readable, so the host's next pass watches it again.
+    @Test func aHostedLoopWatchesAgainASourceANestedRunParked() throws {
+        let handled = try onLoopThread { loop in
+            let mode: PKRunLoopMode = "ds-park"
+            let other: PKRunLoopMode = "ds-park-other"
+            let trigger = try TestPipe()
+            let data = try TestPipe()
+            defer { trigger.closeBoth(); data.closeBoth() }
+            let far = loop.scheduleTimer(after: .seconds(3600), forMode: other) { _ in }
+            defer { far.invalidate() }
+            let handled = Locked(false)
+            let dataSource = PKDescriptorSource(descriptor: data.readEnd) { _ in
+                data.drain()
+                handled.value = true
+            }
+            try loop.add(dataSource, forMode: mode)
+            defer { dataSource.invalidate() }
+            let triggerSource = PKDescriptorSource(descriptor: trigger.readEnd) { _ in
+                trigger.drain()
+                data.makeReadable()
+                loop.runOnePass(in: other)  // sees `data` ready, not in `other`: parks it
+            }
+            try loop.add(triggerSource, forMode: mode)
+            defer { triggerSource.invalidate() }
+            _ = loop.descriptor
+            trigger.makeReadable()
+            try host(loop, mode, "the parked source") { handled.value }
+            return handled.value
+        }
+        #expect(handled)
+    }
+
+    /// A loop that ran before it was hosted, with a nested run of another mode in its last pass,
+    /// stays armed for the mode it ran: its host learns when that mode's timer is due.
+    @Test func aLoopHostedAfterItRanIsArmedForTheModeItRan() throws {
+        let fired = try onLoopThread { loop in
+            let mode: PKRunLoopMode = "ds-late-host"
+            let other: PKRunLoopMode = "ds-late-host-other"
+            let far = loop.scheduleTimer(after: .seconds(3600), forMode: other) { _ in }
+            defer { far.invalidate() }
+            let fired = Locked(false)
+            let timer = loop.scheduleTimer(after: .milliseconds(50), forMode: mode) { _ in fired.value = true }
+            defer { timer.invalidate() }
+            let pipe = try TestPipe()
+            defer { pipe.closeBoth() }
+            let source = PKDescriptorSource(descriptor: pipe.readEnd) { _ in
+                pipe.drain()
+                loop.runOnePass(in: other)  // after the pass armed the timerfd
+            }
+            try loop.add(source, forMode: mode)
+            defer { source.invalidate() }
+            pipe.makeReadable()
+            loop.runOnePass(in: mode)  // not hosted yet
+            _ = loop.descriptor
+            try host(loop, mode, "the timer of a loop hosted after a run") { fired.value }
+            return fired.value
+        }
+        #expect(fired)
+    }
+}
+
+extension RunLoopTests.DescriptorSourceTests {
+    /// A beforeWaiting observer signals a source of the running mode and then runs the loop in
+    /// another mode, which takes the source and defers it: the check before sleeping sees it.
+    @Test func aSourceANestedRunInABeforeWaitingObserverDeferredIsPerformedBeforeSleeping() throws {
+        let result = try onLoopThread { loop in
+            let mode: PKRunLoopMode = "ds-bw-defer"
+            let other: PKRunLoopMode = "ds-bw-defer-other"
+            let far = loop.scheduleTimer(after: .seconds(3600), forMode: other) { _ in }
+            defer { far.invalidate() }
+            let source = PKCustomSource(perform: {})
+            loop.add(source, forMode: mode)
+            defer { source.invalidate() }
+            let observer = onceBeforeWaiting(loop, mode) {
+                source.signal()
+                loop.runOnePass(in: other)  // takes the source, defers it
+            }
+            defer { observer.invalidate() }
+            return loop.run(in: mode, until: .after(patience(.seconds(10))), returnAfterSourceHandled: true)
+        }
+        #expect(result == .handledSource)
+    }
+
+    /// A beforeWaiting observer makes a source of the running mode ready and then runs the loop
+    /// in another mode, which parks it: the check before sleeping sees it.
+    @Test func aSourceANestedRunInABeforeWaitingObserverParkedIsWatchedBeforeSleeping() throws {
+        let result = try onLoopThread { loop in
+            let mode: PKRunLoopMode = "ds-bw-park"
+            let other: PKRunLoopMode = "ds-bw-park-other"
+            return try withSourceToPark(loop, mode, other) { data in
+                let observer = onceBeforeWaiting(loop, mode) {
+                    data.makeReadable()
+                    loop.runOnePass(in: other)  // parks the source
+                }
+                defer { observer.invalidate() }
+                return loop.run(in: mode, until: .after(patience(.seconds(10))), returnAfterSourceHandled: true)
+            }
+        }
+        #expect(result == .handledSource)
+    }
+
+    /// A hosted loop's thread adds a timer between passes: the descriptor becomes readable when
+    /// it is due.
+    @Test func aTimerAddedBetweenPassesMakesAHostedLoopsDescriptorReadable() throws {
+        let fired = try onLoopThread { loop in
+            let mode: PKRunLoopMode = "ds-host-add"
+            let keep = keepAlive(loop, mode)
+            defer { keep.invalidate() }
+            _ = loop.descriptor
+            loop.runOnePass(in: mode)
+            let fired = Locked(false)
+            let timer = loop.scheduleTimer(after: .milliseconds(20), forMode: mode) { _ in fired.value = true }
+            defer { timer.invalidate() }
+            try host(loop, mode, "a timer added between passes") { fired.value }
+            return fired.value
+        }
+        #expect(fired)
+    }
+}
+
+extension RunLoopTests.DescriptorSourceTests {
+    /// A perform block run after the custom sources (queued by an earlier block) runs the loop
+    /// in another mode, which parks a ready descriptor source of this mode: the pass does not
+    /// sleep with the source unwatched.
+    @Test func aSourceANestedRunInALatePerformBlockParkedIsWatchedBeforeSleeping() throws {
+        let result = try onLoopThread { loop in
+            let mode: PKRunLoopMode = "ds-pb-park"
+            let other: PKRunLoopMode = "ds-pb-park-other"
+            return try withSourceToPark(loop, mode, other) { data in
+                loop.perform(inModes: [mode]) {
+                    // Queued now, run by the pass's second round of perform blocks.
+                    loop.perform(inModes: [mode]) {
+                        data.makeReadable()
+                        loop.runOnePass(in: other)  // parks the source
+                    }
+                }
+                return loop.run(in: mode, until: .after(patience(.seconds(10))), returnAfterSourceHandled: true)
+            }
+        }
+        #expect(result == .handledSource)
     }
 }
