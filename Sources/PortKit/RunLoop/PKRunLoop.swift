@@ -463,7 +463,7 @@ public final class PKRunLoop: @unchecked Sendable {
                 if record.isEmpty {
                     timeout = 0
                 } else if observed || record.purgedAt != purgedBefore {
-                    if record.purgedAt != invalidationCount || hasQueuedWork(mode) || hasTakenWork(mode) {
+                    if record.purgedAt != invalidationCount || hasQueuedWork(mode) || hasDeferredSource(in: mode) {
                         timeout = 0
                     } else {
                         armTimer(for: record)  // the timers may have changed
@@ -471,6 +471,10 @@ public final class PKRunLoop: @unchecked Sendable {
                     if !pendingWrites.isEmpty { flushPendingWrites() }
                 }
             }
+            // Ready descriptor sources of this mode that a nested run parked during this pass
+            // (in an observer, a perform block, a custom source) are watched again before the
+            // wait, which then reports them.
+            if !parkedSources.isEmpty { registerParkedSources(for: mode) }
             // A loop that has watched nothing and never slept has no epoll descriptor yet, and
             // nothing it could report: a pass that does not sleep skips the system call.
             var epoll = epollDescriptor.load(ordering: .acquiring)
@@ -544,10 +548,10 @@ public final class PKRunLoop: @unchecked Sendable {
         stopOrPerformQueued(mode) || signalledQueue.withLock { !$0.isEmpty }
     }
 
-    /// Whether a nested run left `mode` work it took (see `run`'s end): a signalled source of
-    /// `mode` it deferred, or a ready descriptor source of `mode` it parked. Loop-only.
-    private func hasTakenWork(_ mode: PKRunLoopMode) -> Bool {
-        deferredSignalled.contains { $0.modes.contains(mode) } || hasParkedSource(in: mode)
+    /// Whether a nested run took a signalled source of `mode` and deferred it (see `run`'s
+    /// end). Loop-only.
+    private func hasDeferredSource(in mode: PKRunLoopMode) -> Bool {
+        deferredSignalled.contains { $0.modes.contains(mode) }
     }
 
     /// Whether a descriptor source of `mode` that watches something waits parked. Loop-only.
@@ -675,9 +679,11 @@ public final class PKRunLoop: @unchecked Sendable {
 
     /// Between passes, a hosted loop's timerfd follows a change of timers (its host waits for
     /// the descriptor, not for a run): armed for the mode it was last armed for, or `mode`'s if
-    /// it never was. Loop-only.
+    /// it never was (the default mode's for a timer of the common modes). Loop-only.
     func armHostedBetweenPasses(_ mode: PKRunLoopMode?) {
-        guard hosted.load(ordering: .relaxed), let target = armedRecord ?? mode.flatMap({ record($0) }) else { return }
+        guard hosted.load(ordering: .relaxed) else { return }
+        let firstMode = mode == .common ? PKRunLoopMode.default : mode
+        guard let target = armedRecord ?? firstMode.flatMap({ record($0) }) else { return }
         armTimer(for: target)
     }
 

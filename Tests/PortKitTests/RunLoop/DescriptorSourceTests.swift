@@ -373,6 +373,63 @@ private func host(_ loop: PKRunLoop, _ mode: PKRunLoopMode, _ what: String, unti
     }
 }
 
+extension RunLoopTests.DescriptorSourceTests {
+    /// A perform block in the pass's first round (before the custom sources) runs the loop in
+    /// another mode, which parks a ready descriptor source of this mode: the pass's wait still
+    /// reports it.
+    @Test func aSourceANestedRunInAnEarlyPerformBlockParkedIsWatchedBeforeSleeping() throws {
+        let result = try onLoopThread { loop in
+            let mode: PKRunLoopMode = "ds-early-park"
+            let other: PKRunLoopMode = "ds-early-park-other"
+            return try withSourceToPark(loop, mode, other) { data in
+                loop.perform(inModes: [mode]) {
+                    data.makeReadable()
+                    loop.runOnePass(in: other)  // parks the source
+                }
+                return loop.run(in: mode, until: .after(patience(.seconds(10))), returnAfterSourceHandled: true)
+            }
+        }
+        #expect(result == .handledSource)
+    }
+
+    /// A beforeWaiting observer that runs the loop in another mode before every sleep parks a
+    /// ready source of the running mode every time: the source is still handled (it is watched
+    /// again right before the wait), and the loop neither spins nor starves it.
+    @Test func aSourceParkedBeforeEverySleepIsStillHandled() throws {
+        let result = try onLoopThread { loop in
+            let mode: PKRunLoopMode = "ds-every-park"
+            let other: PKRunLoopMode = "ds-every-park-other"
+            return try withSourceToPark(loop, mode, other) { data in
+                let observer = PKRunLoopObserver(activities: .beforeWaiting) { _, _ in
+                    loop.runOnePass(in: other)  // parks the source whenever it is ready
+                }
+                loop.add(observer, forMode: mode)
+                defer { observer.invalidate() }
+                data.makeReadable()
+                return loop.run(in: mode, until: .after(patience(.seconds(10))), returnAfterSourceHandled: true)
+            }
+        }
+        #expect(result == .handledSource)
+    }
+
+    /// A timer of the common modes added to a hosted loop that never ran makes its descriptor
+    /// readable when it is due (armed for the default mode, a common mode).
+    @Test func aCommonTimerAddedToAHostedLoopThatNeverRanMakesItsDescriptorReadable() throws {
+        let fired = try onLoopThread { loop in
+            let keep = keepAlive(loop, .default)
+            defer { keep.invalidate() }
+            _ = loop.descriptor
+            let fired = Locked(false)
+            let timer = PKTimer(fireDate: .after(.milliseconds(20))) { _ in fired.value = true }
+            loop.add(timer, forMode: .common)
+            defer { timer.invalidate() }
+            try host(loop, .default, "a common timer of a loop that never ran") { fired.value }
+            return fired.value
+        }
+        #expect(fired)
+    }
+}
+
 /// Runs `body` with a pipe whose read end is a descriptor source of `mode` (it drains what it
 /// reads), while `other` holds an hour-long timer: a nested run in `other` neither ends at once
 /// nor watches the pipe, so it parks the source once the pipe is readable.
