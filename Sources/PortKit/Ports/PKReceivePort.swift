@@ -390,7 +390,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         connection.greetingDeadline = .after(limits.greetingTimeout)
         // A real client wrote its greeting before we accepted: read it now, so that a burst of
         // connections accepted in one pass never counts real clients as silent ones.
-        handle(.readable, on: connection)
+        handle(.readable, on: connection, loop: loop)
         if connection.greetingDeadline != nil, connections[ObjectIdentifier(connection)] != nil { armGreetingTimer(loop) }
     }
 
@@ -590,9 +590,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     private func adopt(_ fd: Int32, on loop: PKRunLoop, accepted: Bool = false) -> ReceiveConnection? {
         let connection = ReceiveConnection(takingOwnershipOf: fd, limits: wireLimits, accepted: accepted,
                                            maxQueuedMessages: limits.maxQueuedMessages, maxQueuedBytes: limits.maxQueuedBytes)
-        connection.source = PKDescriptorSource(descriptor: fd, events: .readable) { [unowned self, unowned connection] events in
-            self.handle(events, on: connection)
-        }
+        connection.source = PKDescriptorSource(descriptor: fd, events: .readable, handlerOnLoop: { [unowned self, unowned connection] events, loop in
+            self.handle(events, on: connection, loop: loop)
+        })
         do throws(PKError) {
             for mode in modes { try loop.add(connection.source, forMode: mode) }
         } catch {
@@ -604,7 +604,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         return connection
     }
 
-    private func handle(_ events: PKIOEvents, on connection: ReceiveConnection) {
+    private func handle(_ events: PKIOEvents, on connection: ReceiveConnection, loop: PKRunLoop) {
         guard !connection.isClosed else { return }  // dropped (every dropped connection is closed)
         if connection.readingPaused {
             // Back-pressure: the queue is full. A hang-up is remembered by no longer watching;
@@ -613,7 +613,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             deliverQueuedMessages()
             return
         }
-        let outcome = connection.read(into: &readBuffer)
+        let outcome = connection.read(into: &readBuffer, on: loop)
         switch outcome {
         case .more, .idle, .paused:
             break

@@ -135,8 +135,8 @@ final class ReceiveConnection {
 
     /// Reads once (up to `readChunk` bytes) and decodes what arrived into the queue. At the end
     /// of the stream `finished` is set; on a protocol error, `failed`.
-    func read(into scratch: inout ReadScratch) -> ReadOutcome {
-        let outcome = readOnce(into: &scratch)
+    func read(into scratch: inout ReadScratch, on loop: PKRunLoop) -> ReadOutcome {
+        let outcome = readOnce(into: &scratch, on: loop)
         switch outcome {
         case .endOfStream: finished = true
         case .failed: failed = true
@@ -145,10 +145,9 @@ final class ReceiveConnection {
         return outcome
     }
 
-    private func readOnce(into scratch: inout ReadScratch) -> ReadOutcome {
+    private func readOnce(into scratch: inout ReadScratch, on loop: PKRunLoop) -> ReadOutcome {
         guard !closed, !finished, !failed else { return .endOfStream }
         // An idle connection keeps no read buffer of its own: it reads into its loop's.
-        guard let loop = source.loop else { return readOnceInPlace(into: &scratch) }
         var outcome = ReadOutcome.idle
         loop.withReadStorage { storage in
             let borrowed = decoder.borrowStorage(&storage)

@@ -37,7 +37,9 @@ public final class PKDescriptorSource: @unchecked Sendable {
     /// Whether the source is still on a loop or can be added to one.
     public private(set) var isValid = true
 
-    let handler: (PKIOEvents) -> Void
+    /// The handler, given the loop that runs it (PortKit's own sources use it: a loop, having
+    /// weak references, is costly to retain, and the weak `loop` below costs a load as well).
+    let handler: (PKIOEvents, PKRunLoop) -> Void
     let cancelHandler: (() -> Void)?
     weak var loop: PKRunLoop?
     @exclusivity(unchecked) var token: UInt64 = 0
@@ -54,9 +56,17 @@ public final class PKDescriptorSource: @unchecked Sendable {
     ///   - handler: called on the loop's thread with the ready events.
     ///   - cancel: called once on the loop's thread when the source leaves its loop for good
     ///     (invalidated, or the loop's thread ended).
-    public init(
+    public convenience init(
         descriptor: Int32, events: PKIOEvents = .readable,
         handler: @escaping (PKIOEvents) -> Void, cancel: (() -> Void)? = nil
+    ) {
+        self.init(descriptor: descriptor, events: events, handlerOnLoop: { events, _ in handler(events) }, cancel: cancel)
+    }
+
+    /// A source whose handler is given the loop that runs it.
+    init(
+        descriptor: Int32, events: PKIOEvents = .readable,
+        handlerOnLoop handler: @escaping (PKIOEvents, PKRunLoop) -> Void, cancel: (() -> Void)? = nil
     ) {
         self.descriptor = descriptor
         self.events = events

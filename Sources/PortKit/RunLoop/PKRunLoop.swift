@@ -705,7 +705,7 @@ public final class PKRunLoop: @unchecked Sendable {
             parkedSources.insert(token)
             return false
         }
-        source.handler(PKDescriptorSource.events(fromEpoll: mask))
+        source.handler(PKDescriptorSource.events(fromEpoll: mask), self)
         return true
     }
 
