@@ -326,7 +326,7 @@ final class SendConnection: @unchecked Sendable {
     func write(_ frame: WireFrame, descriptors: [Int32], before deadline: PKDeadline) throws(PKError) {
         let size = WireEncoder.encodedSize(of: frame)
         let loop = PKRunLoop.runningOnCurrentThread
-        let loopID = loop.map(ObjectIdentifier.init)
+        let loopID = loop?.id
         // The lock is held only for steps that do not wait: a sender waiting for room never
         // holds up the loop that flushes this connection's pending bytes.
         while true {
@@ -334,7 +334,7 @@ final class SendConnection: @unchecked Sendable {
                 if let reason = state.invalidReason {
                     throw PKError(.invalidPort, "cannot send: \(reason)")
                 }
-                let corked = loopID != nil && state.directLoop == loopID && state.directPass == loop!.passNumber
+                let corked = loopID != nil && state.directLoop == loopID && state.directPass == loop!.pass
                 if descriptors.isEmpty && (!state.pending.isEmpty || corked) {
                     if !state.pending.isEmpty && state.pending.count + size > Self.pendingLimit {
                         try flushLocked(&state, until: .distantPast, failOnTimeout: false)
@@ -361,7 +361,7 @@ final class SendConnection: @unchecked Sendable {
                 }
                 if let loop {
                     state.directLoop = loopID
-                    state.directPass = loop.passNumber
+                    state.directPass = loop.pass
                 }
                 var bytes = state.scratch
                 state.scratch = []  // moved out, so encoding into it does not copy it

@@ -725,16 +725,36 @@ public final class PKRunLoop: @unchecked Sendable {
 
     // MARK: - Coalesced writes
 
-    /// The calling thread's loop if it is running (inside a pass): where a send may leave bytes
-    /// pending for the loop to write (see `SendConnection.write`).
-    static var runningOnCurrentThread: PKRunLoop? {
-        guard let loop = ThreadLocalLoop.get(), loop.runDepth > 0 else { return nil }
-        return loop
+    /// The calling thread's loop while it runs (inside a pass), not retained: the thread's slot
+    /// holds the loop until the thread ends, and a loop, having weak references, is costly to
+    /// retain. Valid on the calling thread for as long as it is on the stack.
+    struct Running {
+        /// The loop's identity.
+        let id: ObjectIdentifier
+        /// The pass the loop is in.
+        let pass: UInt64
+        private let loop: Unmanaged<PKRunLoop>
+
+        fileprivate init(_ loop: Unmanaged<PKRunLoop>, id: ObjectIdentifier, pass: UInt64) {
+            self.loop = loop
+            self.id = id
+            self.pass = pass
+        }
+
+        /// A send on this thread left bytes pending on `connection`: the loop writes them
+        /// before it next waits.
+        func notePendingWrite(_ connection: SendConnection) {
+            loop._withUnsafeGuaranteedRef { $0.pendingWrites.append(connection) }
+        }
     }
 
-    /// A send on this thread left bytes pending on `connection`. Loop-only.
-    func notePendingWrite(_ connection: SendConnection) {
-        pendingWrites.append(connection)
+    /// The calling thread's loop if it is running: where a send may leave bytes pending for the
+    /// loop to write (see `SendConnection.write`).
+    static var runningOnCurrentThread: Running? {
+        guard let unmanaged = ThreadLocalLoop.getUnmanaged() else { return nil }
+        return unmanaged._withUnsafeGuaranteedRef { loop in
+            loop.runDepth > 0 ? Running(unmanaged, id: ObjectIdentifier(loop), pass: loop.passNumber) : nil
+        }
     }
 
     /// Writes every connection's pending bytes the sockets take now; a connection whose socket

@@ -17,8 +17,14 @@ enum ThreadLocalLoop {
 
     /// The calling thread's loop, if it has one. The corresponding call is `pthread_getspecific(3)`.
     static func get() -> PKRunLoop? {
+        getUnmanaged()?.takeUnretainedValue()
+    }
+
+    /// The calling thread's loop, if it has one, unretained (the slot holds it until the thread
+    /// ends).
+    static func getUnmanaged() -> Unmanaged<PKRunLoop>? {
         guard let pointer = pthread_getspecific(key) else { return nil }
-        return Unmanaged<PKRunLoop>.fromOpaque(pointer).takeUnretainedValue()
+        return Unmanaged<PKRunLoop>.fromOpaque(pointer)
     }
 
     /// Stores the calling thread's loop (retained until the thread ends).
