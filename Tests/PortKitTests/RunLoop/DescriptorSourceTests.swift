@@ -392,6 +392,24 @@ extension RunLoopTests.DescriptorSourceTests {
         #expect(result == .handledSource)
     }
 
+    /// A beforeWaiting observer gives a source added with no events something to watch while
+    /// its descriptor is ready: the wait that follows watches it.
+    @Test func eventsSetByABeforeWaitingObserverAreWatchedByTheWaitThatFollows() throws {
+        let result = try onLoopThread { loop in
+            let mode: PKRunLoopMode = "ds-bw-events"
+            let pipe = try TestPipe()
+            defer { pipe.closeBoth() }
+            let source = PKDescriptorSource(descriptor: pipe.readEnd, events: []) { _ in pipe.drain() }
+            try loop.add(source, forMode: mode)
+            defer { source.invalidate() }
+            pipe.makeReadable()
+            let observer = onceBeforeWaiting(loop, mode) { source.events = .readable }
+            defer { observer.invalidate() }
+            return loop.run(in: mode, until: .after(patience(.seconds(10))), returnAfterSourceHandled: true)
+        }
+        #expect(result == .handledSource)
+    }
+
     /// A beforeWaiting observer that runs the loop in another mode before every sleep parks a
     /// ready source of the running mode every time: the source is still handled (it is watched
     /// again right before the wait), and the loop neither spins nor starves it.
