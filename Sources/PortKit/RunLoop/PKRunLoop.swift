@@ -367,12 +367,10 @@ public final class PKRunLoop: @unchecked Sendable {
             if !pendingWrites.isEmpty { flushPendingWrites() }
             runDepth -= 1
             currentMode = previous
-            // A nested run may have left the outer mode work it took: signalled sources it
-            // deferred, ready descriptor sources it parked. The hint makes the outer pass look
-            // again before it sleeps (and a hosted loop's descriptor readable).
-            if let previous, !deferredSignalled.isEmpty || hasParkedSource(in: previous) {
-                signalHint.store(true, ordering: .releasing)
-            }
+            // A nested run may have deferred signalled sources of the outer mode: the hint
+            // makes the outer pass look at them before it sleeps. (Descriptor sources it parked
+            // are watched again before the outer pass's wait.)
+            if previous != nil, !deferredSignalled.isEmpty { signalHint.store(true, ordering: .releasing) }
             // Stay armed for the mode the loop returns to (the outer run's, or after the
             // outermost run this one's): a loop hosted through `descriptor` learns that way
             // when its next timer is due, now or once it is hosted. Any other run arms for its
@@ -386,9 +384,10 @@ public final class PKRunLoop: @unchecked Sendable {
         notifyObservers(.entry, record)
         let result = runPasses(record, deadline, returnAfterSourceHandled)
         notifyObservers(.exit, record)
-        // Work that arrived during the last pass (a wake-up that found one already pending)
-        // must keep `descriptor` readable for a host that runs one pass at a time.
-        if result != .stopped && hasPendingWork(mode) { wakeUp() }
+        // Work that arrived during the last pass (a wake-up that found one already pending), or
+        // a ready source of this mode that a nested run parked after the pass's wait, must keep
+        // `descriptor` readable for a host that runs one pass at a time.
+        if result != .stopped && (hasPendingWork(mode) || hasParkedSource(in: mode)) { wakeUp() }
         return result
     }
 
@@ -556,7 +555,7 @@ public final class PKRunLoop: @unchecked Sendable {
 
     /// Whether a descriptor source of `mode` that watches something waits parked. Loop-only.
     private func hasParkedSource(in mode: PKRunLoopMode) -> Bool {
-        parkedSources.contains { token in
+        !parkedSources.isEmpty && parkedSources.contains { token in
             guard let source = descriptorSource(token) else { return false }
             return source.isIn(mode) && source.epollMask != nil
         }

@@ -386,7 +386,7 @@ extension RunLoopTests.DescriptorSourceTests {
                     data.makeReadable()
                     loop.runOnePass(in: other)  // parks the source
                 }
-                return loop.run(in: mode, until: .after(patience(.seconds(10))), returnAfterSourceHandled: true)
+                return runUntilASourceIsHandled(loop, mode)
             }
         }
         #expect(result == .handledSource)
@@ -405,7 +405,7 @@ extension RunLoopTests.DescriptorSourceTests {
             pipe.makeReadable()
             let observer = onceBeforeWaiting(loop, mode) { source.events = .readable }
             defer { observer.invalidate() }
-            return loop.run(in: mode, until: .after(patience(.seconds(10))), returnAfterSourceHandled: true)
+            return runUntilASourceIsHandled(loop, mode)
         }
         #expect(result == .handledSource)
     }
@@ -424,7 +424,7 @@ extension RunLoopTests.DescriptorSourceTests {
                 loop.add(observer, forMode: mode)
                 defer { observer.invalidate() }
                 data.makeReadable()
-                return loop.run(in: mode, until: .after(patience(.seconds(10))), returnAfterSourceHandled: true)
+                return runUntilASourceIsHandled(loop, mode)
             }
         }
         #expect(result == .handledSource)
@@ -464,6 +464,11 @@ private func withSourceToPark<R>(
     return try body(data)
 }
 
+/// Runs `mode` until a source is handled, with a deadline far beyond what handling takes.
+private func runUntilASourceIsHandled(_ loop: PKRunLoop, _ mode: PKRunLoopMode) -> PKRunLoopRunResult {
+    loop.run(in: mode, until: .after(patience(.seconds(10))), returnAfterSourceHandled: true)
+}
+
 /// An observer of `mode` that runs `body` the first time the loop is about to sleep.
 private func onceBeforeWaiting(_ loop: PKRunLoop, _ mode: PKRunLoopMode, _ body: @escaping () -> Void) -> PKRunLoopObserver {
     var done = false
@@ -488,8 +493,8 @@ private func pollReadable(_ fd: Int32, timeoutMilliseconds: Int32) throws -> Boo
 
 extension RunLoopTests.DescriptorSourceTests {
     /// A nested run of another mode parks (unregisters) a descriptor source of the hosted loop's
-    /// mode that became ready meanwhile: the end of the nested run makes the outer run leave
-    /// `descriptor` readable, so the host's next pass watches it again.
+    /// mode that became ready meanwhile: the outer run ends leaving `descriptor` readable, so the
+    /// host's next pass watches it again.
     @Test func aHostedLoopWatchesAgainASourceANestedRunParked() throws {
         let handled = try onLoopThread { loop in
             let mode: PKRunLoopMode = "ds-park"
@@ -567,13 +572,13 @@ extension RunLoopTests.DescriptorSourceTests {
                 loop.runOnePass(in: other)  // takes the source, defers it
             }
             defer { observer.invalidate() }
-            return loop.run(in: mode, until: .after(patience(.seconds(10))), returnAfterSourceHandled: true)
+            return runUntilASourceIsHandled(loop, mode)
         }
         #expect(result == .handledSource)
     }
 
     /// A beforeWaiting observer makes a source of the running mode ready and then runs the loop
-    /// in another mode, which parks it: the check before sleeping sees it.
+    /// in another mode, which parks it: the wait that follows watches it again.
     @Test func aSourceANestedRunInABeforeWaitingObserverParkedIsWatchedBeforeSleeping() throws {
         let result = try onLoopThread { loop in
             let mode: PKRunLoopMode = "ds-bw-park"
@@ -584,7 +589,7 @@ extension RunLoopTests.DescriptorSourceTests {
                     loop.runOnePass(in: other)  // parks the source
                 }
                 defer { observer.invalidate() }
-                return loop.run(in: mode, until: .after(patience(.seconds(10))), returnAfterSourceHandled: true)
+                return runUntilASourceIsHandled(loop, mode)
             }
         }
         #expect(result == .handledSource)
@@ -625,7 +630,7 @@ extension RunLoopTests.DescriptorSourceTests {
                         loop.runOnePass(in: other)  // parks the source
                     }
                 }
-                return loop.run(in: mode, until: .after(patience(.seconds(10))), returnAfterSourceHandled: true)
+                return runUntilASourceIsHandled(loop, mode)
             }
         }
         #expect(result == .handledSource)
