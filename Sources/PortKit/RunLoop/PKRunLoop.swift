@@ -219,7 +219,8 @@ public final class PKRunLoop: @unchecked Sendable {
             let wake: Int32
             do throws(PKError) {
                 wake = try EventFD.create()
-                do throws(PKError) { try Epoll.add(epoll, wake, events: Epoll.readable, token: Token.wake) } catch {
+                // Edge-triggered: a pass consumes a wake-up by being told of it (see `runPasses`).
+                do throws(PKError) { try Epoll.add(epoll, wake, events: Epoll.readable | Epoll.edgeTriggered, token: Token.wake) } catch {
                     Descriptor.close(wake)
                     throw error
                 }
@@ -245,7 +246,8 @@ public final class PKRunLoop: @unchecked Sendable {
         let wake = wakeDescriptor.load(ordering: .acquiring)
         guard wake >= 0 else { return }  // never slept: the eventfd's maker signals it
         // Drained whatever the flag says: a waker may have set it before this looked and
-        // written after.
+        // written after. Drained, the eventfd no longer counts as ready when the host polls the
+        // descriptor, though its edge was never reported (the kernel polls a ready item again).
         EventFD.drain(wake)
         _ = wakePending.exchange(false, ordering: .acquiringAndReleasing)
         // Work a consumed wake-up announced for another mode keeps the descriptor readable.
@@ -488,7 +490,10 @@ public final class PKRunLoop: @unchecked Sendable {
             for index in 0..<count {
                 switch readyTokens[index] {
                 case Token.wake:
-                    EventFD.drain(wakeDescriptor.load(ordering: .relaxed))
+                    // The eventfd is watched edge-triggered: each write is reported once, so the
+                    // wake-up is consumed without reading it (a `read` per wake-up, two system
+                    // calls per round trip between threads, saved; its counter only grows, and
+                    // would need 2^64 wake-ups to saturate).
                     // An exchange, not a store: it acquires whatever a waker published before it
                     // found a wake-up already pending (and so did not write the eventfd).
                     _ = wakePending.exchange(false, ordering: .acquiringAndReleasing)

@@ -72,6 +72,7 @@ enum Epoll {
     static let error = PK_EPOLLERR
     static let hangUp = PK_EPOLLHUP
     static let readHangUp = PK_EPOLLRDHUP
+    static let edgeTriggered = PK_EPOLLET
 
     /// The corresponding system call is `epoll_create1(2)` with `EPOLL_CLOEXEC`.
     static func create() throws(PKError) -> Int32 {
@@ -131,7 +132,8 @@ enum EventFD {
     /// Adds one to the counter. The corresponding system call is `write(2)`.
     static func signal(_ fd: Int32) {
         var one: UInt64 = 1
-        // EAGAIN means the counter is saturated: the reader will wake anyway.
+        // EAGAIN means the counter is saturated (2^64 - 2): the reader has a wake-up pending
+        // anyway. (A run loop's eventfd is never read, but 2^64 wake-ups take millennia.)
         _ = try? SystemCall.nonBlocking("write(eventfd)") { Glibc.write(fd, &one, 8) }
     }
 

@@ -61,6 +61,43 @@ extension RunLoopTests {
             #expect(result == .stopped, "the wake-up was lost: the first sleep lasted until the deadline")
         }
 
+        /// A wake-up ends one sleep, not every sleep after it: woken three times from another
+        /// thread, the loop sleeps again after each. (The eventfd is edge-triggered and never
+        /// read, so a wake-up left readable would make every later wait return at once.)
+        @Test func aLoopWokenFromAnotherThreadSleepsAgain() throws {
+            let (result, wakes, passes) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "xt-sleeps-again"
+                let keeper = keepAlive(loop, mode)
+                let asleep = Locked(false)
+                let flagger = flagWhenAsleep(loop, mode, asleep)
+                var passes = 0
+                let counter = PKRunLoopObserver(activities: .beforeWaiting) { _, _ in passes += 1 }
+                loop.add(counter, forMode: mode)
+                let wakes = Locked(0)
+                let other = TestThread {
+                    for _ in 0..<3 {
+                        guard (try? waitUntil("loop asleep", { asleep.value })) != nil else { break }
+                        asleep.value = false  // before the wake-up: the next sleep sets it again
+                        loop.wakeUp()
+                        wakes.value += 1
+                    }
+                    // A loop that sleeps makes no pass in these 100 ms; one that spins, thousands.
+                    try? waitUntil("loop asleep") { asleep.value }
+                    sleepFor(.milliseconds(100))
+                    loop.stop()
+                }
+                let result = loop.run(in: mode, until: .after(patience(.seconds(10))))
+                try other.join()
+                counter.invalidate()
+                flagger.invalidate()
+                keeper.invalidate()
+                return (result, wakes.value, passes)
+            }
+            #expect(result == .stopped)
+            #expect(wakes == 3)
+            #expect(passes < 50, "the loop spun (\(passes) passes) instead of sleeping after its wake-ups")
+        }
+
         @Test func aSignalFromAnotherThreadWakesASleepingLoop() throws {
             let (result, performedOnOwner) = try onLoopThread { loop in
                 let mode: PKRunLoopMode = "xt-signal"
