@@ -30,6 +30,13 @@ final class LocalRight: Sendable {
 
     var isValid: Bool { !invalidated.load(ordering: .acquiring) && port.acceptsSenders(ofEpoch: epoch) }
 
+    /// Hands `message` to the port in memory (`PKSendPort.send`).
+    func send(_ message: consuming PKPortMessage, before deadline: PKDeadline) throws(PKError) {
+        // The port's validity and the right's epoch are checked under the mailbox's lock.
+        guard !wasInvalidated else { throw PKError(.invalidPort, "cannot send: the send right was invalidated") }
+        try port.enqueueLocal(consume message, epoch: epoch, before: deadline)
+    }
+
     func invalidate() {
         if !invalidated.exchange(true, ordering: .acquiringAndReleasing) { port.localSenderLeft(self, epoch: epoch) }
     }

@@ -30,7 +30,12 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// Called on the loop's thread with each message (`handlePortMessage:`). Released when the
     /// port is invalidated (with `onInvalidation` and `onNoSenders`), so a handler may capture
     /// its own port.
-    @exclusivity(unchecked) public var handler: (PKPortMessage) -> Void
+    @exclusivity(unchecked) public var handler: (PKPortMessage) -> Void {
+        didSet { handlerChanges &+= 1 }
+    }
+    /// Counts changes of `handler`: a delivery loads the handler once (a retain and a release)
+    /// and again only when a handler it called changed it.
+    @exclusivity(unchecked) private var handlerChanges: UInt64 = 0
 
     /// Called once on the loop's thread when the port becomes invalid.
     @exclusivity(unchecked) public var onInvalidation: (() -> Void)?
@@ -663,6 +668,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     private func deliverQueuedMessagesOnce() {
         isDelivering = true
         defer { isDelivering = false }
+        var deliver = handler
+        var deliverChanges = handlerChanges
         var progressed = true
         while progressed && isValid {
             progressed = false
@@ -671,7 +678,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
                 let message = localQueue.takeMessage(at: localQueueHead)
                 localQueueHead += 1
                 progressed = true
-                handler(message)
+                if deliverChanges != handlerChanges { (deliver, deliverChanges) = (handler, handlerChanges) }
+                deliver(message)
                 if !isValid { return }
             }
             if localQueueHead > 0 && localQueueHead == localQueue.count {
@@ -696,7 +704,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
                 index += 1
                 progressed = true
                 if connection.readingPaused { connection.resumeIfDrained() }
-                handler(message)
+                if deliverChanges != handlerChanges { (deliver, deliverChanges) = (handler, handlerChanges) }
+                deliver(message)
                 if !isValid { return }
             }
         }

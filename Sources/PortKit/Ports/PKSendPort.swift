@@ -59,31 +59,36 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
     ///   - deadline: how long a full queue may hold the sender; `.now` never waits.
     /// - Throws: `PKError` with `.sendTimedOut`, `.invalidPort` (the port is or became invalid),
     ///   `.limitExceeded` (the message is over the limits), or `.transport`.
-    public func send(_ message: PKPortMessage, before deadline: PKDeadline) throws(PKError) {
-        try send(message, replyBackToken: 0, before: deadline)
+    public func send(_ message: consuming PKPortMessage, before deadline: PKDeadline) throws(PKError) {
+        try send(consume message, replyBackToken: 0, before: deadline)
     }
 
     /// Sends `message`; with a non-zero `replyBackToken` (through a connection only), as request
     /// `replyBackToken` whose reply port is the connection's reply channel (REPLY_BACK).
-    func send(_ message: PKPortMessage, replyBackToken: UInt16, before deadline: PKDeadline) throws(PKError) {
-        let connection: SendConnection
-        var replyRight: ReplyRight?
+    ///
+    /// The message is consumed: in memory it moves into the receiver's mailbox, with no copy
+    /// (a copy would retain its components and reply port, and release them again).
+    func send(_ message: consuming PKPortMessage, replyBackToken: UInt16, before deadline: PKDeadline) throws(PKError) {
+        // Each case only calls on: a case that bound a right for code after the switch would
+        // copy it (a retain and a release per message).
         switch storage {
         case .local(let port):
             // Within the process, the message is handed over in memory.
-            try port.enqueueLocal(message, before: deadline)
-            return
+            try port.enqueueLocal(consume message, before: deadline)
         case .localRight(let right):
-            // The port's validity and the right's epoch are checked under the mailbox's lock.
-            guard !right.wasInvalidated else { throw PKError(.invalidPort, "cannot send: the send right was invalidated") }
-            try right.port.enqueueLocal(message, epoch: right.epoch, before: deadline)
-            return
-        case .connection(let over):
-            connection = over
+            try right.send(consume message, before: deadline)
+        case .connection(let connection):
+            try Self.write(message, to: connection, reply: nil, replyBackToken: replyBackToken, before: deadline)
         case .reply(let right):
-            connection = right.writer
-            replyRight = right
+            try Self.write(message, to: right.writer, reply: right, replyBackToken: replyBackToken, before: deadline)
         }
+    }
+
+    /// Encodes `message` and writes it on `connection`, or on the reply channel of `reply`.
+    private static func write(
+        _ message: borrowing PKPortMessage, to connection: SendConnection, reply replyRight: ReplyRight?,
+        replyBackToken: UInt16, before deadline: PKDeadline
+    ) throws(PKError) {
         func wire(_ component: PKPortComponent) -> WireComponent {
             switch component {
             case .data(let bytes): .data(bytes)
@@ -107,8 +112,10 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         if let reply = message.replyPort {
             transfers.append(try reply.makeTransferDescriptor(before: deadline))
         }
-        for case .port(let port) in message.components {
-            transfers.append(try port.makeTransferDescriptor(before: deadline))
+        if frame.portCount > 0 {  // the usual message has none: no iteration (a copy of the array)
+            for case .port(let port) in message.components {
+                transfers.append(try port.makeTransferDescriptor(before: deadline))
+            }
         }
         if let replyRight {
             try replyRight.send(frame, descriptors: transfers, before: deadline)
@@ -127,8 +134,8 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// Sends `message`, waiting at most `timeout` for room in the receiver's queue.
-    public func send(_ message: PKPortMessage, timeout: Duration) throws(PKError) {
-        try send(message, before: .after(timeout))
+    public func send(_ message: consuming PKPortMessage, timeout: Duration) throws(PKError) {
+        try send(consume message, before: .after(timeout))
     }
 
     /// Sends a message made of `msgid`, `components` and a reply port

@@ -35,6 +35,28 @@ import Testing
         #expect(replies.value == 3)
     }
 
+    /// A handler that replaces the port's handler hands the messages after it to the new one,
+    /// within one delivery too (a delivery keeps the handler it loaded until one changes it),
+    /// in memory and over a socket.
+    @Test(arguments: [false, true]) func aHandlerReplacedByAHandlerTakesTheNextMessage(overSocket: Bool) throws {
+        let got = try onPortLoopThread { loop in
+            var got: [String] = []
+            let port = PKReceivePort()
+            port.handler = { message in
+                got.append("first \(message.msgid)")
+                port.handler = { got.append("second \($0.msgid)") }
+            }
+            defer { port.invalidate() }
+            try loop.add(port, forMode: .default)
+            let right = overSocket ? try independentRight(to: port) : port.makeSendRight()
+            // All three wait before the loop runs: one delivery hands them over.
+            for msgid in 1...3 { try right.send(PKPortMessage(msgid: UInt32(msgid)), timeout: .seconds(5)) }
+            try runLoop(loop, "three messages") { got.count == 3 }
+            return got
+        }
+        #expect(got == ["first 1", "second 2", "second 3"])
+    }
+
     @Test func portInsideMessageGivesWorkingSendRight() throws {
         let got = Locked<[UInt32]>([])
         try onLoopThread { loop in
