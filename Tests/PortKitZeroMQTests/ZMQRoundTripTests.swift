@@ -3,6 +3,7 @@
 // (ephemeral ports) and ipc:// (in a private directory).
 
 import Testing
+import Foundation
 import Glibc
 import PortKit
 import PortKitZeroMQ
@@ -142,6 +143,44 @@ import PortKitZeroMQ
         for endpoint in [fixed, "ipc://@portkit-zmq-rebind-\(getpid())", directory.endpoint("rebind")] {
             var port = endpoint == fixed ? first : try PKZMQReceivePort(bindingTo: endpoint)
             for _ in 0..<20 {
+                port.invalidate()
+                port = try PKZMQReceivePort(bindingTo: endpoint)
+            }
+            port.invalidate()
+        }
+    }
+
+    /// The same while another thread spawns processes: each child holds a copy of every
+    /// descriptor until it executes (the listener's too, close-on-exec or not), and an address
+    /// without a file (tcp, abstract ipc) is free only when the last copy goes. A bind waits a
+    /// moment for that instead of failing.
+    @Test func anInvalidatedPortsEndpointIsFreeWhileTheProcessSpawns() throws {
+        let spawning = Locked(true)
+        let spawned = Locked(0)
+        let finished = Locked(false)
+        let spawner = Thread {
+            defer { finished.value = true }
+            var argv: [UnsafeMutablePointer<CChar>?] = [strdup("/bin/true"), nil]
+            defer { free(argv[0]) }
+            while spawning.value {
+                var pid: pid_t = 0
+                guard posix_spawn(&pid, "/bin/true", nil, nil, &argv, environ) == 0 else { break }
+                var status: Int32 = 0
+                waitpid(pid, &status, 0)
+                spawned.withLock { $0 += 1 }
+            }
+        }
+        spawner.start()
+        defer {
+            spawning.value = false
+            try? waitUntil("the spawning thread to end", timeout: .seconds(10)) { finished.value }
+        }
+        try waitUntil("a first spawn") { spawned.value > 0 }
+        let first = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")
+        let fixed = first.endpoint
+        for endpoint in [fixed, "ipc://@portkit-zmq-rebind-spawning-\(getpid())"] {
+            var port = endpoint == fixed ? first : try PKZMQReceivePort(bindingTo: endpoint)
+            for _ in 0..<300 {
                 port.invalidate()
                 port = try PKZMQReceivePort(bindingTo: endpoint)
             }

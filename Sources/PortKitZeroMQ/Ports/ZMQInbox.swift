@@ -20,6 +20,7 @@
 // loop-only once scheduled. The socket sits under a lock so that a bind from another thread
 // (the reply service binds endpoints lazily) never races a receive.
 
+import Glibc
 import PortKit
 import Synchronization
 
@@ -122,6 +123,28 @@ final class ZMQInbox: @unchecked Sendable {
     /// - Throws: `.nameInUse` if a live owner holds the endpoint; `.badName`; `.unsafeDirectory`;
     ///   `.invalidPort` if the inbox is closed; `.system`.
     func bind(_ endpoint: ZMQEndpoint) throws(PKError) -> String {
+        // An address without a file (tcp, the abstract namespace) that its last listener has
+        // just closed can still be taken for a moment: a child process that another thread is
+        // spawning holds a copy of every descriptor until it executes (close-on-exec or not),
+        // and the kernel frees the address with the last copy. So a refused bind is tried again
+        // for a short while before `.nameInUse` (an endpoint's own port, invalidated and bound
+        // again, would otherwise fail now and then in a process that spawns workers).
+        guard endpoint.socketFile == nil else { return try bindOnce(endpoint) }
+        let deadline = PKDeadline.after(Self.addressReleasePatience)
+        var pauseMicroseconds: UInt32 = 500
+        while true {
+            do throws(PKError) { return try bindOnce(endpoint) } catch {
+                guard error.code == .nameInUse, !deadline.hasPassed else { throw error }
+            }
+            usleep(pauseMicroseconds)
+            pauseMicroseconds = min(pauseMicroseconds * 2, 20_000)
+        }
+    }
+
+    /// How long a bind waits for an address without a file to be released (see `bind`).
+    static let addressReleasePatience = Duration.milliseconds(250)
+
+    private func bindOnce(_ endpoint: ZMQEndpoint) throws(PKError) -> String {
         let claim = try endpoint.socketFile.map { path throws(PKError) in try EndpointClaim(socketPath: path) }
         var wake: (@Sendable () -> Void)?
         defer { wake?() }
