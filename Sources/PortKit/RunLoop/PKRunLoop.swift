@@ -131,6 +131,9 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Counts passes, so a connection knows whether it was written to in the current one.
     @exclusivity(unchecked) private(set) var passNumber: UInt64 = 0
     @exclusivity(unchecked) private var armedTimer: UInt64?
+    /// When the earliest timer is due, if the loop could not arm the timerfd for it (out of
+    /// descriptors): the pass's wait then ends by that time itself.
+    @exclusivity(unchecked) private var timerWithoutDescriptor: UInt64?
     /// The mode record the timerfd was last armed for (records live as long as the loop).
     @exclusivity(unchecked) private var armedRecord: ModeRecord?
     private let ended = Atomic<Bool>(false)
@@ -476,6 +479,11 @@ public final class PKRunLoop: @unchecked Sendable {
             // (in an observer, a perform block, a custom source) are watched again before the
             // wait, which then reports them.
             if !parkedSources.isEmpty { registerParkedSources(for: mode) }
+            // A timer the timerfd could not be armed for bounds the wait itself.
+            if timeout != 0, let due = timerWithoutDescriptor {
+                let untilDue = PKDeadline(uptimeNanoseconds: due).pollTimeoutMilliseconds(now: monotonicNanoseconds())
+                if timeout < 0 || untilDue < timeout { timeout = untilDue }
+            }
             // A loop that has watched nothing and never slept has no epoll descriptor yet, and
             // nothing it could report: a pass that does not sleep skips the system call.
             var epoll = epollDescriptor.load(ordering: .acquiring)
@@ -660,6 +668,7 @@ public final class PKRunLoop: @unchecked Sendable {
             }
         }
         if armedRecord !== record { armedRecord = record }
+        timerWithoutDescriptor = nil
         guard earliest != armedTimer else { return }
         armedTimer = earliest
         if timerFD < 0 {
@@ -673,8 +682,10 @@ public final class PKRunLoop: @unchecked Sendable {
                 }
                 timerFD = made
             } catch {
-                // Out of descriptors: the timer cannot wake the loop now; the next arming tries again.
+                // Out of descriptors: the timerfd cannot wake the loop now, so the pass's wait
+                // ends by the timer's time instead; the next arming tries again.
                 armedTimer = nil
+                timerWithoutDescriptor = earliest
                 return
             }
         }

@@ -8,6 +8,38 @@ import Testing
 
 extension RunLoopTests {
     @Suite struct RunLoopDescriptorShortageTests {
+        /// A timer whose timerfd cannot be made (no descriptor left) still ends the sleep at
+        /// its time, rather than the run's deadline doing so. Run in a child process, as above.
+        @Test func aTimerTheLoopCannotArmStillEndsTheSleepOnTime() async {
+            await exitTestInTurn {
+                await #expect(processExitsWith: .success) {
+                    let outcome = Locked<String?>(nil)
+                    let thread = TestThread(name: "timer-shortage") {
+                        let loop = PKRunLoop.current
+                        let mode: PKRunLoopMode = "timer-shortage"
+                        warmUpLoopDescriptors(loop)  // the epoll descriptor and eventfd; no timerfd yet
+                        let filled = DescriptorTableFiller()
+                        // Without the timer bounding the wait, the run sleeps until its deadline
+                        // and the timer fires only then.
+                        let deadline = PKDeadline.after(patience(.seconds(10)))
+                        var fired = false
+                        let timer = loop.scheduleTimer(after: .milliseconds(20), forMode: mode) { _ in
+                            fired = !deadline.hasPassed
+                            loop.stop()
+                        }
+                        let result = loop.run(in: mode, until: deadline)
+                        timer.invalidate()
+                        filled.release()
+                        outcome.value = result == .stopped && fired
+                            ? "ok" : "the run returned \(result), the timer \(fired ? "fired" : "did not fire before the run's deadline"): the sleep outlasted the timer"
+                    }
+                    do { try thread.joinPatiently(timeout: .seconds(60)) } catch { endExitTest("the thread did not end", failures: ["\(error)"]) }
+                    let value = outcome.value ?? "no outcome"
+                    endExitTest(value, failures: value == "ok" ? [] : [value])
+                }
+            }
+        }
+
         /// Run in a child process: it lowers its own descriptor limit and fills it.
         @Test func aLoopOutOfDescriptorsAtItsFirstNeedThrowsOrNapsAndRecovers() async {
             await exitTestInTurn {
@@ -23,17 +55,7 @@ extension RunLoopTests {
                         var pipeEnds: [Int32] = [-1, -1]
                         guard pipe(&pipeEnds) == 0 else { outcome.value = "no pipe"; return }
                         // Fill the descriptor table up to a lowered limit.
-                        var limit = rlimit()
-                        getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
-                        let saved = limit
-                        limit.rlim_cur = rlim_t(openDescriptorCount() + 16)
-                        setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
-                        var fillers: [Int32] = []
-                        while true {
-                            let fd = open("/dev/null", O_RDONLY | O_CLOEXEC)
-                            if fd < 0 { break }
-                            fillers.append(fd)
-                        }
+                        let filled = DescriptorTableFiller()
                         // Watching a descriptor needs the epoll descriptor: the add throws.
                         var seen = false
                         let source = PKDescriptorSource(descriptor: pipeEnds[0], events: .readable) { _ in seen = true }
@@ -54,9 +76,7 @@ extension RunLoopTests {
                         // Napping makes a few passes in 30 ms; spinning, thousands.
                         if passes > 50 { failures.append("the run without descriptors spun: \(passes) passes in 30 ms") }
                         // Descriptors free again: the loop makes its own and works as before.
-                        for fd in fillers { close(fd) }
-                        var restored = saved
-                        setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &restored)
+                        filled.release()
                         var byte: UInt8 = 1
                         _ = write(pipeEnds[1], &byte, 1)
                         do throws(PKError) { try loop.add(source, forMode: mode) } catch { failures.append("adding the same source after recovery threw \(error)") }
@@ -76,5 +96,31 @@ extension RunLoopTests {
                 }
             }
         }
+    }
+}
+
+/// Lowers the process's descriptor limit to a few above those open, and opens descriptors until
+/// none is left; `release()` closes them and restores the limit. For a child process only.
+private struct DescriptorTableFiller {
+    private let saved: rlimit
+    private var fillers: [Int32] = []
+
+    init() {
+        var limit = rlimit()
+        getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
+        saved = limit
+        limit.rlim_cur = rlim_t(openDescriptorCount() + 16)
+        setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
+        while true {
+            let fd = open("/dev/null", O_RDONLY | O_CLOEXEC)
+            if fd < 0 { break }
+            fillers.append(fd)
+        }
+    }
+
+    func release() {
+        for fd in fillers { close(fd) }
+        var restored = saved
+        setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &restored)
     }
 }
