@@ -14,11 +14,11 @@ extension PKReceivePort {
     /// Queues `message` in the mailbox, waiting while it is full until `deadline`.
     /// A sender's right of `epoch` (see `revokeSenders()`) must still be current.
     func enqueueLocal(_ message: consuming PKPortMessage, epoch: UInt64? = nil, before deadline: PKDeadline) throws(PKError) {
-        let bytes = message.dataByteCount
-        try checkLimits(message, dataBytes: bytes)
+        let (bytes, ports) = message.census
+        try checkLimits(message, dataBytes: bytes, ports: ports)
         // Moved into the mailbox, not copied: a copy would retain its components and reply port
         // here and release them again on the way out.
-        var pending: PKPortMessage? = try Self.ownRights(for: message, before: deadline)
+        var pending: PKPortMessage? = ports == 0 ? message : try Self.ownRights(for: message, before: deadline)
         while true {
             let outcome = try shared.withLock { state throws(PKError) -> MailboxOutcome in
                 guard state.isValid else { throw PKError(.invalidPort, "cannot send: the receive port was invalidated") }
@@ -93,8 +93,7 @@ extension PKReceivePort {
     }
 
     /// The limits a message through a socket would be held to, by this port's own limits.
-    private func checkLimits(_ message: PKPortMessage, dataBytes: Int) throws(PKError) {
-        let ports = message.components.reduce(message.replyPort == nil ? 0 : 1) { $0 + ($1.port == nil ? 0 : 1) }
+    private func checkLimits(_ message: borrowing PKPortMessage, dataBytes: Int, ports: Int) throws(PKError) {
         if ports > wireLimits.maxDescriptors {
             throw PKError(.limitExceeded, "a message carries at most \(wireLimits.maxDescriptors) ports, reply port included; this one has \(ports)")
         }
@@ -121,9 +120,21 @@ extension PKReceivePort {
 
 extension PKPortMessage {
     /// The bytes of all data components.
-    var dataByteCount: Int {
-        var total = 0
-        for case .data(let bytes) in components { total += bytes.count }
-        return total
+    var dataByteCount: Int { census.dataBytes }
+
+    /// The bytes of all data components, and the ports the message carries (its reply port
+    /// included), counted in one pass that copies no component.
+    var census: (dataBytes: Int, ports: Int) {
+        var bytes = 0
+        var ports = replyPort == nil ? 0 : 1
+        components.withUnsafeBufferPointer { all in
+            for index in all.indices {
+                switch all[index] {
+                case .data(let data): bytes += data.count
+                case .port: ports += 1
+                }
+            }
+        }
+        return (bytes, ports)
     }
 }

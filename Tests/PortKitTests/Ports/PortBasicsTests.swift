@@ -57,6 +57,41 @@ import Testing
         #expect(got == ["first 1", "second 2", "second 3"])
     }
 
+    /// A message over the port's limits, sent in memory, fails with `.limitExceeded` as it
+    /// would through a socket, and the port receives nothing of it: too many data bytes, ports
+    /// (the reply port counts) or components.
+    @Test func anInMemoryMessageOverThePortsLimitsIsRefused() throws {
+        let (codes, got) = try onPortLoopThread { loop -> ([PKError.Code?], [UInt32]) in
+            var limits = PKPortLimits()
+            limits.maxMessageBytes = 8
+            limits.maxDescriptors = 2
+            limits.maxComponents = 3
+            var got: [UInt32] = []
+            let port = PKReceivePort(limits: limits) { got.append($0.msgid) }
+            let other = PKReceivePort()
+            defer { port.invalidate(); other.invalidate() }
+            try loop.add(port, forMode: .default)
+            try loop.add(other, forMode: .default)
+            let right = port.makeSendRight()
+            let otherRight = other.makeSendRight()
+            let overLimits = [
+                PKPortMessage(msgid: 1, data: bytes(9)),
+                PKPortMessage(msgid: 2, components: [.port(otherRight), .port(otherRight)], replyPort: otherRight),
+                PKPortMessage(msgid: 3, components: Array(repeating: .data([1]), count: 4)),
+            ]
+            let codes = overLimits.map { message -> PKError.Code? in
+                do throws(PKError) { try right.send(message, timeout: .seconds(5)) } catch { return error.code }
+                return nil
+            }
+            let atLimits = PKPortMessage(msgid: 4, components: [.data(bytes(8)), .port(otherRight)], replyPort: otherRight)
+            try right.send(atLimits, timeout: .seconds(5))
+            try runLoop(loop, "the message at the limits") { !got.isEmpty }
+            return (codes, got)
+        }
+        #expect(codes == [.limitExceeded, .limitExceeded, .limitExceeded])
+        #expect(got == [4])
+    }
+
     @Test func portInsideMessageGivesWorkingSendRight() throws {
         let got = Locked<[UInt32]>([])
         try onLoopThread { loop in
