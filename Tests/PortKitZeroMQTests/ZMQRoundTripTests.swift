@@ -157,6 +157,7 @@ import PortKitZeroMQ
     @Test func anInvalidatedPortsEndpointIsFreeWhileTheProcessSpawns() throws {
         let spawning = Locked(true)
         let spawned = Locked(0)
+        let spawnFailed = Locked<Int32?>(nil)
         let finished = Locked(false)
         let spawner = Thread {
             defer { finished.value = true }
@@ -164,9 +165,13 @@ import PortKitZeroMQ
             defer { free(argv[0]) }
             while spawning.value {
                 var pid: pid_t = 0
-                guard posix_spawn(&pid, "/bin/true", nil, nil, &argv, environ) == 0 else { break }
+                let failure = posix_spawn(&pid, "/bin/true", nil, nil, &argv, environ)
+                guard failure == 0 else {
+                    spawnFailed.value = failure
+                    break
+                }
                 var status: Int32 = 0
-                waitpid(pid, &status, 0)
+                while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
                 spawned.withLock { $0 += 1 }
             }
         }
@@ -186,6 +191,7 @@ import PortKitZeroMQ
             }
             port.invalidate()
         }
+        #expect(spawnFailed.value == nil, "posix_spawn failed (\(spawnFailed.value ?? 0)): the test spawned less than it meant to")
     }
 
     @Test func explicitlyInvalidatedRightRefusesToSend() throws {

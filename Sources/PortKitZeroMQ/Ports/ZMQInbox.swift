@@ -43,6 +43,8 @@ final class ZMQInbox: @unchecked Sendable {
         var claims: [EndpointClaim] = []
         /// The endpoints bound, as libzmq resolved them.
         var bound: [String] = []
+        /// The same, as they were asked for (`tcp://localhost:5555` resolves to 127.0.0.1).
+        var requested: [String] = []
         /// Set while the inbox is scheduled: makes the loop drain on its next pass.
         var wake: (@Sendable () -> Void)?
 
@@ -77,7 +79,9 @@ final class ZMQInbox: @unchecked Sendable {
             closedEvents = nil
             for claim in claims { claim.release() }
             claims = []
+            ReleasedAddresses.note(bound + requested)
             bound = []
+            requested = []
             wake = nil
         }
     }
@@ -123,13 +127,16 @@ final class ZMQInbox: @unchecked Sendable {
     /// - Throws: `.nameInUse` if a live owner holds the endpoint; `.badName`; `.unsafeDirectory`;
     ///   `.invalidPort` if the inbox is closed; `.system`.
     func bind(_ endpoint: ZMQEndpoint) throws(PKError) -> String {
-        // An address without a file (tcp, the abstract namespace) that its last listener has
-        // just closed can still be taken for a moment: a child process that another thread is
-        // spawning holds a copy of every descriptor until it executes (close-on-exec or not),
-        // and the kernel frees the address with the last copy. So a refused bind is tried again
-        // for a short while before `.nameInUse` (an endpoint's own port, invalidated and bound
-        // again, would otherwise fail now and then in a process that spawns workers).
-        guard endpoint.socketFile == nil else { return try bindOnce(endpoint) }
+        // An address without a file (tcp, the abstract namespace) that this process's listener
+        // has just closed can still be taken for a moment: a child process that another thread
+        // is spawning holds a copy of every descriptor until it executes (close-on-exec or
+        // not), and the kernel frees the address with the last copy. So a refused bind of such
+        // an address is tried again for a short while before `.nameInUse` (a port invalidated
+        // and bound again would otherwise fail now and then in a process that spawns workers);
+        // any other refused bind (a live rival's address) fails at once.
+        guard endpoint.socketFile == nil, ReleasedAddresses.wasRecent(endpoint.description) else {
+            return try bindOnce(endpoint)
+        }
         let deadline = PKDeadline.after(Self.addressReleasePatience)
         var pauseMicroseconds: UInt32 = 500
         while true {
@@ -143,6 +150,29 @@ final class ZMQInbox: @unchecked Sendable {
 
     /// How long a bind waits for an address without a file to be released (see `bind`).
     static let addressReleasePatience = Duration.milliseconds(250)
+
+    /// The addresses without a file that this process's ports stopped listening on lately
+    /// (resolved and as asked for), with when: a bind of one of them waits a moment for the
+    /// kernel to free it (see `bind`). Safe from any thread.
+    private enum ReleasedAddresses {
+        /// How long after its release an address counts as recent.
+        static let recency: UInt64 = 1_000_000_000
+        private static let released = PKMutex<[String: UInt64]>([:])
+
+        static func note(_ endpoints: [String]) {
+            guard !endpoints.isEmpty else { return }
+            let now = PKDeadline.now.uptimeNanoseconds
+            released.withLock { table in
+                table = table.filter { now &- $0.value < recency }
+                for endpoint in endpoints where !endpoint.hasPrefix("ipc:///") { table[endpoint] = now }
+            }
+        }
+
+        static func wasRecent(_ endpoint: String) -> Bool {
+            let now = PKDeadline.now.uptimeNanoseconds
+            return released.withLock { table in table[endpoint].map { now &- $0 < recency } ?? false }
+        }
+    }
 
     private func bindOnce(_ endpoint: ZMQEndpoint) throws(PKError) -> String {
         let claim = try endpoint.socketFile.map { path throws(PKError) in try EndpointClaim(socketPath: path) }
@@ -164,6 +194,7 @@ final class ZMQInbox: @unchecked Sendable {
             }
             let resolved = socket.lastEndpoint
             io.bound.append(resolved.isEmpty ? endpoint.description : resolved)
+            io.requested.append(endpoint.description)
             return io.bound.last!
         }
     }
