@@ -76,13 +76,13 @@ extension RunLoopTests {
                 let wakes = Locked(0)
                 let other = TestThread {
                     for _ in 0..<3 {
-                        guard (try? waitUntil("loop asleep", { asleep.value })) != nil else { break }
+                        guard (try? waitPatiently("loop asleep", { asleep.value })) != nil else { break }
                         asleep.value = false  // before the wake-up: the next sleep sets it again
                         loop.wakeUp()
                         wakes.value += 1
                     }
                     // A loop that sleeps makes no pass in these 100 ms; one that spins, thousands.
-                    try? waitUntil("loop asleep") { asleep.value }
+                    try? waitPatiently("loop asleep") { asleep.value }
                     sleepFor(.milliseconds(100))
                     loop.stop()
                 }
