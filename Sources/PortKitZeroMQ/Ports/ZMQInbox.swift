@@ -20,7 +20,6 @@
 // loop-only once scheduled. The socket sits under a lock so that a bind from another thread
 // (the reply service binds endpoints lazily) never races a receive.
 
-import Glibc
 import PortKit
 import Synchronization
 
@@ -138,13 +137,13 @@ final class ZMQInbox: @unchecked Sendable {
             return try bindOnce(endpoint)
         }
         let deadline = PKDeadline.after(Self.addressReleasePatience)
-        var pauseMicroseconds: UInt32 = 500
+        var pause = Duration.microseconds(500)
         while true {
             do throws(PKError) { return try bindOnce(endpoint) } catch {
                 guard error.code == .nameInUse, !deadline.hasPassed else { throw error }
             }
-            usleep(pauseMicroseconds)
-            pauseMicroseconds = min(pauseMicroseconds * 2, 20_000)
+            _ = Descriptors.waitReadable([], until: .after(pause))  // a pause: poll(2) with nothing to watch
+            pause = min(pause * 2, .milliseconds(20))
         }
     }
 
