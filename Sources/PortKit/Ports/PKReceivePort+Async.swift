@@ -75,7 +75,8 @@ extension PKSendPort {
         let target = self
         // Set up on the background loop without blocking this task's thread (one of Swift
         // concurrency's few) while that loop gets to it.
-        let replyRight: PKSendPort = await withCheckedContinuation { setUp in loop.perform {
+        let handOver = HandOver<PKSendPort>()
+        await withCheckedContinuation { (setUp: CheckedContinuation<Void, Never>) in loop.perform {
             let replyPort = PKReceivePort()
             pending.port = replyPort
             replyPort.handler = { reply in pending.finish(.success(reply)) }
@@ -86,8 +87,12 @@ extension PKSendPort {
             pending.watch = try? target.watchInvalidation(on: loop, forMode: .default) {
                 pending.finish(.failure(PKError(.portInvalidated, "the remote port became invalid while waiting for the reply")))
             }
-            setUp.resume(returning: replyPort.makeSendRight())
+            handOver.slot.withLock { $0 = replyPort.makeSendRight() }
+            setUp.resume()
         } }
+        // Taken under the lock the set-up released: the port made on the loop's thread is then
+        // visible here to ThreadSanitizer too, which does not see a continuation's hand-over.
+        let replyRight = handOver.slot.withLock { $0 }!
         var request = message
         request.replyPort = replyRight
         do {
@@ -98,7 +103,7 @@ extension PKSendPort {
         }
         // The receive timeout counts from the send, as `sendRequest`'s does.
         let replyBy = PKDeadline.after(receiveTimeout)
-        let result = await withCheckedContinuation { continuation in
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             loop.perform {
                 pending.armTimer(until: replyBy, on: loop) {
                     PKError(.receiveTimedOut, "no reply arrived within \(receiveTimeout)")
@@ -106,17 +111,27 @@ extension PKSendPort {
                 pending.setContinuation(continuation)
             }
         }
+        // Under the lock the loop released (as the reply right above).
+        let result = pending.outcome.slot.withLock { $0 }!
         return try result.get()
     }
 }
 
 /// One async request's state; touched only on the background loop's thread.
+/// Passes a value from the background loop to the awaiting task under a lock, so that
+/// ThreadSanitizer sees the hand-over (it does not see a continuation's).
+private final class HandOver<Value: Sendable>: Sendable {
+    let slot = PKMutex<Value?>(nil)
+}
+
 private final class PendingReply: @unchecked Sendable {
     var port: PKReceivePort?
     var watch: PKInvalidationWatch?
     var timer: PKTimer?
     private var result: Result<PKPortMessage, PKError>?
-    private var continuation: CheckedContinuation<Result<PKPortMessage, PKError>, Never>?
+    private var continuation: CheckedContinuation<Void, Never>?
+    /// The result, handed to the awaiting task.
+    let outcome = HandOver<Result<PKPortMessage, PKError>>()
 
     func finish(_ outcome: Result<PKPortMessage, PKError>) {
         guard result == nil else { return }
@@ -139,7 +154,7 @@ private final class PendingReply: @unchecked Sendable {
         loop.add(timer, forMode: .default)
     }
 
-    func setContinuation(_ continuation: CheckedContinuation<Result<PKPortMessage, PKError>, Never>) {
+    func setContinuation(_ continuation: CheckedContinuation<Void, Never>) {
         self.continuation = continuation
         deliver()
     }
@@ -147,7 +162,8 @@ private final class PendingReply: @unchecked Sendable {
     private func deliver() {
         guard let result, let continuation else { return }
         self.continuation = nil
-        continuation.resume(returning: result)
+        outcome.slot.withLock { $0 = result }
+        continuation.resume()
     }
 }
 
