@@ -10,7 +10,7 @@
 //   pkbench pk-named DIR ROLE CPU IDLE        a worker found by name (for callgrind runs)
 //   pkbench names DIR START COUNT INDEX CPU   registers COUNT names, then "ready-INDEX"
 // Measurements that do not fit the benchmark harness:
-//   pkbench rt KIND N                         N round trips after 200 warm-up ones, for
+//   pkbench rt KIND N [PLACEMENT]             N round trips after 200 warm-up ones, for
 //                                             callgrind (KIND: portkit-threads, c-threads,
 //                                             portkit-processes, c-processes; for profiles also
 //                                             portkit-threads-idle1000, portkit-request-threads,
@@ -89,24 +89,27 @@ case "names":
 
 case "rt":
     let n = int(2)
+    // An optional PLACEMENT (same | split): pins both sides as the table's rows do, so that
+    // `time` or `strace` of one run shows the placement's own user and system time.
+    let placement = arguments.count > 3 ? (Placement(rawValue: argument(3)) ?? { fail("rt: placement same|split") }()) : .none
     let workload: Workload
     do {
         switch argument(1) {
-        case "portkit-threads": workload = try PortKitPair(.thread, .roundTrip, .none)
-        case "c-threads": workload = try CSocketpairRoundTrip(.none)
-        case "portkit-processes": workload = try PortKitPair(.namedProcess, .roundTrip, .none)
-        case "c-processes": workload = try CUnixSocketRoundTrip(.none)
-        case "portkit-threads-idle1000": workload = try PortKitPair(.thread, .roundTrip, .none, idlePorts: 1000)
-        case "portkit-request-threads": workload = try PortKitPair(.thread, .request, .none)
-        case "portkit-request-processes": workload = try PortKitPair(.namedProcess, .request, .none)
-        case "portkit-stream64-threads": workload = try PortKitPair(.thread, .stream, .none)
-        case "portkit-stream64-processes": workload = try PortKitPair(.namedProcess, .stream, .none)
-        case "portkit-spawn": workload = try PortKitSpawn(.none)
-        case "portkit-lookup-1": workload = try PortKitNameLookup(.none, names: 1)
-        case "portkit-lookup-10000": workload = try PortKitNameLookup(.none, names: 10_000)
+        case "portkit-threads": workload = try PortKitPair(.thread, .roundTrip, placement)
+        case "c-threads": workload = try CSocketpairRoundTrip(placement)
+        case "portkit-processes": workload = try PortKitPair(.namedProcess, .roundTrip, placement)
+        case "c-processes": workload = try CUnixSocketRoundTrip(placement)
+        case "portkit-threads-idle1000": workload = try PortKitPair(.thread, .roundTrip, placement, idlePorts: 1000)
+        case "portkit-request-threads": workload = try PortKitPair(.thread, .request, placement)
+        case "portkit-request-processes": workload = try PortKitPair(.namedProcess, .request, placement)
+        case "portkit-stream64-threads": workload = try PortKitPair(.thread, .stream, placement)
+        case "portkit-stream64-processes": workload = try PortKitPair(.namedProcess, .stream, placement)
+        case "portkit-spawn": workload = try PortKitSpawn(placement)
+        case "portkit-lookup-1": workload = try PortKitNameLookup(placement, names: 1)
+        case "portkit-lookup-10000": workload = try PortKitNameLookup(placement, names: 10_000)
         #if ZeroMQ
-        case "portkit-zmq-stream64": workload = try PortKitZMQPair(.ipc, .stream, .none)
-        case "zmq-stream64": workload = try ZMQStream(.ipc, .none, size: 64)
+        case "portkit-zmq-stream64": workload = try PortKitZMQPair(.ipc, .stream, placement)
+        case "zmq-stream64": workload = try ZMQStream(.ipc, placement, size: 64)
         #endif
         default: fail("rt: unknown kind \(argument(1))")
         }

@@ -20,13 +20,44 @@ public enum PKPortComponent: Sendable {
 /// components arrive in order. `replyPort` is the port the receiver should answer to: for an
 /// incoming message it is exactly the port the sender chose (`-[NSPortMessage sendPort]` of a
 /// received message, which Foundation's `SocketPort` loses on Linux and PortKit does not).
+///
+/// A message of one data component (the usual message) keeps only its bytes: it costs no
+/// array of components, on either side of a send. `data` hands those bytes out as they are;
+/// `components` makes the one-element array when asked.
 public struct PKPortMessage: Sendable {
     /// The message identifier (`-[NSPortMessage msgid]`).
     public var msgid: UInt32
-    /// The data and port components, in order.
-    public var components: [PKPortComponent]
     /// Where replies go, if the sender wants any.
     public var replyPort: PKSendPort?
+    /// The components, the usual shape held without an array.
+    var body: Body
+
+    /// How a message holds its components.
+    enum Body: Sendable {
+        /// Exactly one component, a data component: these bytes.
+        case bytes([UInt8])
+        /// Any other shape: none, several, or ports among them.
+        case components([PKPortComponent])
+
+        init(_ components: [PKPortComponent]) {
+            if components.count == 1, case .data(let bytes) = components[0] {
+                self = .bytes(bytes)
+            } else {
+                self = .components(components)
+            }
+        }
+    }
+
+    /// The data and port components, in order.
+    public var components: [PKPortComponent] {
+        get {
+            switch body {
+            case .bytes(let bytes): [.data(bytes)]
+            case .components(let all): all
+            }
+        }
+        set { body = Body(newValue) }
+    }
 
     /// A message.
     ///
@@ -36,27 +67,48 @@ public struct PKPortMessage: Sendable {
     ///   - replyPort: the port the receiver should answer to (the guide passes its own port).
     public init(msgid: UInt32, components: [PKPortComponent] = [], replyPort: PKSendPort? = nil) {
         self.msgid = msgid
-        self.components = components
         self.replyPort = replyPort
+        self.body = Body(components)
     }
 
     /// A message whose one component is `bytes`.
     public init(msgid: UInt32, data bytes: [UInt8], replyPort: PKSendPort? = nil) {
-        self.init(msgid: msgid, components: [.data(bytes)], replyPort: replyPort)
+        self.msgid = msgid
+        self.replyPort = replyPort
+        self.body = .bytes(bytes)
     }
 
-    /// The bytes of every data component, concatenated.
+    /// The bytes of every data component, concatenated (a message of one data component hands
+    /// out its bytes as they are, with no copy).
     public var data: [UInt8] {
-        var bytes: [UInt8] = []
-        for case .data(let chunk) in components { bytes.append(contentsOf: chunk) }
-        return bytes
+        switch body {
+        case .bytes(let bytes):
+            return bytes
+        case .components(let all):
+            var bytes: [UInt8] = []
+            for case .data(let chunk) in all { bytes.append(contentsOf: chunk) }
+            return bytes
+        }
     }
 
     /// The data components decoded as UTF-8 text (invalid sequences repaired).
     public var text: String { String(decoding: data, as: UTF8.self) }
 
     /// The port components, in order.
-    public var ports: [PKSendPort] { components.compactMap(\.port) }
+    public var ports: [PKSendPort] {
+        switch body {
+        case .bytes: []
+        case .components(let all): all.compactMap(\.port)
+        }
+    }
+
+    /// How many components the message has (without making the array).
+    var componentCount: Int {
+        switch body {
+        case .bytes: 1
+        case .components(let all): all.count
+        }
+    }
 }
 
 extension Array where Element == PKPortMessage {

@@ -79,10 +79,10 @@ extension PKReceivePort {
             }
         }
         if let reply = message.replyPort { message.replyPort = try own(reply) }
-        guard message.components.contains(where: { $0.port != nil }) else { return message }
+        guard case .components(let all) = message.body, all.contains(where: { $0.port != nil }) else { return message }
         var components: [PKPortComponent] = []
-        components.reserveCapacity(message.components.count)
-        for component in message.components {
+        components.reserveCapacity(all.count)
+        for component in all {
             switch component {
             case .data: components.append(component)
             case .port(let right): components.append(.port(try own(right)))
@@ -100,8 +100,8 @@ extension PKReceivePort {
         if dataBytes > wireLimits.maxMessageBytes {
             throw PKError(.limitExceeded, "a message carries at most \(wireLimits.maxMessageBytes) data bytes; this one has \(dataBytes)")
         }
-        if message.components.count > wireLimits.maxComponents {
-            throw PKError(.limitExceeded, "a message has at most \(wireLimits.maxComponents) components; this one has \(message.components.count)")
+        if message.componentCount > wireLimits.maxComponents {
+            throw PKError(.limitExceeded, "a message has at most \(wireLimits.maxComponents) components; this one has \(message.componentCount)")
         }
     }
 
@@ -125,16 +125,22 @@ extension PKPortMessage {
     /// The bytes of all data components, and the ports the message carries (its reply port
     /// included), counted in one pass that copies no component.
     var census: (dataBytes: Int, ports: Int) {
-        var bytes = 0
-        var ports = replyPort == nil ? 0 : 1
-        components.withUnsafeBufferPointer { all in
-            for index in all.indices {
-                switch all[index] {
-                case .data(let data): bytes += data.count
-                case .port: ports += 1
+        let reply = replyPort == nil ? 0 : 1
+        switch body {
+        case .bytes(let data):
+            return (data.count, reply)
+        case .components(let components):
+            var bytes = 0
+            var ports = reply
+            components.withUnsafeBufferPointer { all in
+                for index in all.indices {
+                    switch all[index] {
+                    case .data(let data): bytes += data.count
+                    case .port: ports += 1
+                    }
                 }
             }
+            return (bytes, ports)
         }
-        return (bytes, ports)
     }
 }

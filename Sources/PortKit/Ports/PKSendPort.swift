@@ -106,8 +106,12 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
             }
         }
         // One component (the usual message) is held inline: the frame makes no array.
-        let components = message.components.count == 1
-            ? WireComponents(wire(message.components[0])) : WireComponents(message.components.map(wire))
+        let components: WireComponents
+        switch message.body {
+        case .bytes(let bytes): components = WireComponents(.data(bytes))
+        case .components(let all):
+            components = all.count == 1 ? WireComponents(wire(all[0])) : WireComponents(all.map(wire))
+        }
         let frame = WireFrame(msgid: message.msgid, hasReplyPort: message.replyPort != nil,
                               repliesBack: replyBackToken != 0,
                               replyToken: replyRight?.ticket.token ?? replyBackToken, components: components)

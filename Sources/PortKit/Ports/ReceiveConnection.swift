@@ -243,7 +243,11 @@ final class ReceiveConnection {
     static func message(from frame: WireFrame, descriptors: [Int32]) -> PKPortMessage {
         var next = 0
         let reply = frame.hasReplyPort ? right(descriptors, &next) : nil
-        // One component (the usual message) as an array literal: allocated at its size, where
+        // One data component (the usual message) is held as its bytes, with no array.
+        if frame.components.count == 1, case .data(let bytes) = frame.components[0] {
+            return PKPortMessage(msgid: frame.msgid, data: bytes, replyPort: reply)
+        }
+        // One port component as an array literal: allocated at its size, where
         // `reserveCapacity` on an empty array takes the generic growth path (~200 instructions).
         let components: [PKPortComponent]
         if frame.components.count == 1 {

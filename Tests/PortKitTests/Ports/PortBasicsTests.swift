@@ -57,6 +57,55 @@ import Testing
         #expect(got == ["first 1", "second 2", "second 3"])
     }
 
+    /// A message of one data component keeps only its bytes (no array of components); every
+    /// other shape keeps its array. Whatever the shape, `components`, `data` and `ports` read
+    /// back what was set, and changing `components` in place changes the shape.
+    @Test func aMessagesComponentsReadBackAsSetWhateverTheirShape() throws {
+        let port = PKReceivePort()
+        defer { port.invalidate() }
+        let right = port.makeSendRight()
+        var message = PKPortMessage(msgid: 1, data: [1, 2])
+        #expect(describe(message.components) == ["data 1,2"])
+        #expect(message.data == [1, 2] && message.ports.isEmpty)
+        message.components.append(.port(right))
+        #expect(describe(message.components) == ["data 1,2", "port"])
+        #expect(message.data == [1, 2] && message.ports.count == 1)
+        message.components.removeLast()
+        message.components.append(.data([3]))
+        #expect(describe(message.components) == ["data 1,2", "data 3"] && message.data == [1, 2, 3])
+        message.components = [.data([])]
+        #expect(describe(message.components) == ["data "] && message.data.isEmpty)
+        message.components = []
+        #expect(message.components.isEmpty && message.data.isEmpty && message.ports.isEmpty)
+        message.components = [.port(right)]
+        #expect(describe(message.components) == ["port"] && message.data.isEmpty && message.ports.count == 1)
+        #expect(describe(PKPortMessage(msgid: 2, components: [.data([4])]).components) == ["data 4"])
+    }
+
+    /// Every shape of message arrives with its components as sent, in memory and over a
+    /// socket: none, one data component (empty or not), one port, and mixes.
+    @Test(arguments: [false, true]) func everyShapeOfMessageArrivesAsSent(overSocket: Bool) throws {
+        let got = try onPortLoopThread { loop -> [[String]] in
+            var got: [[String]] = []
+            let port = PKReceivePort { got.append(describe($0.components)) }
+            let other = PKReceivePort()
+            defer { port.invalidate(); other.invalidate() }
+            try loop.add(port, forMode: .default)
+            try loop.add(other, forMode: .default)
+            let right = overSocket ? try independentRight(to: port) : port.makeSendRight()
+            let shapes: [[PKPortComponent]] = [
+                [], [.data([])], [.data([7, 8])], [.port(other.makeSendRight())],
+                [.data([1]), .port(other.makeSendRight()), .data([2, 3])], [.data([4]), .data([])],
+            ]
+            for (index, components) in shapes.enumerated() {
+                try right.send(PKPortMessage(msgid: UInt32(index), components: components), timeout: .seconds(5))
+            }
+            try runLoop(loop, "every shape") { got.count == shapes.count }
+            return got
+        }
+        #expect(got == [[], ["data "], ["data 7,8"], ["port"], ["data 1", "port", "data 2,3"], ["data 4", "data "]])
+    }
+
     /// A message over the port's limits, sent in memory, fails with `.limitExceeded` as it
     /// would through a socket, and the port receives nothing of it: too many data bytes, ports
     /// (the reply port counts) or components.
@@ -140,5 +189,15 @@ import Testing
         try right.send(PKPortMessage(msgid: 99), timeout: .seconds(5))
         try server.join()
         #expect(!right.isValid)
+    }
+}
+
+/// A message's components as text: "data" and its bytes, or "port".
+private func describe(_ components: [PKPortComponent]) -> [String] {
+    components.map { component in
+        switch component {
+        case .data(let bytes): "data " + bytes.map(String.init).joined(separator: ",")
+        case .port: "port"
+        }
     }
 }
