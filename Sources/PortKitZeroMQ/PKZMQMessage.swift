@@ -23,24 +23,56 @@ public enum PKZMQComponent: Sendable {
 /// `msgid` is the application's identifier (the guide's check-in is 100), the components arrive
 /// in order, and `replyPort` is where the receiver should answer: for an incoming message,
 /// exactly the port the sender chose. protocol.md's "ZeroMQ mapping" gives the frames.
+///
+/// As `PKPortMessage`, a message of one data component (the usual message) keeps only its bytes:
+/// `data` hands them out as they are, `components` makes the one-element array when read.
 public struct PKZMQMessage: Sendable {
     /// The message identifier.
     public var msgid: UInt32
-    /// The data and port components, in order.
-    public var components: [PKZMQComponent]
     /// Where replies go, if the sender wants any.
     public var replyPort: PKZMQSendPort?
+    /// The components, the usual shape held without an array.
+    var body: Body
+
+    /// How a message holds its components.
+    enum Body: Sendable {
+        /// Exactly one component, a data component: these bytes.
+        case bytes([UInt8])
+        /// Any other shape: none, several, or ports among them.
+        case components([PKZMQComponent])
+
+        init(_ components: [PKZMQComponent]) {
+            if components.count == 1, case .data(let bytes) = components[0] {
+                self = .bytes(bytes)
+            } else {
+                self = .components(components)
+            }
+        }
+    }
+
+    /// The data and port components, in order.
+    public var components: [PKZMQComponent] {
+        get {
+            switch body {
+            case .bytes(let bytes): [.data(bytes)]
+            case .components(let all): all
+            }
+        }
+        set { body = Body(newValue) }
+    }
 
     /// A message.
     public init(msgid: UInt32, components: [PKZMQComponent] = [], replyPort: PKZMQSendPort? = nil) {
         self.msgid = msgid
-        self.components = components
         self.replyPort = replyPort
+        self.body = Body(components)
     }
 
     /// A message whose one component is `bytes`.
     public init(msgid: UInt32, data bytes: [UInt8], replyPort: PKZMQSendPort? = nil) {
-        self.init(msgid: msgid, components: [.data(bytes)], replyPort: replyPort)
+        self.msgid = msgid
+        self.replyPort = replyPort
+        self.body = .bytes(bytes)
     }
 
     /// The data of a core `PKPortMessage` under the same msgid. Its port components and reply
@@ -61,17 +93,28 @@ public struct PKZMQMessage: Sendable {
         self.init(msgid: message.msgid, components: components)
     }
 
-    /// The bytes of every data component, concatenated.
+    /// The bytes of every data component, concatenated (a message of one data component hands
+    /// out its bytes as they are, with no copy).
     public var data: [UInt8] {
-        var bytes: [UInt8] = []
-        for case .data(let chunk) in components { bytes.append(contentsOf: chunk) }
-        return bytes
+        switch body {
+        case .bytes(let bytes):
+            return bytes
+        case .components(let all):
+            var bytes: [UInt8] = []
+            for case .data(let chunk) in all { bytes.append(contentsOf: chunk) }
+            return bytes
+        }
     }
 
     /// The data components decoded as UTF-8 text (invalid sequences repaired).
     public var text: String { String(decoding: data, as: UTF8.self) }
 
     /// The port components, in order.
-    public var ports: [PKZMQSendPort] { components.compactMap(\.port) }
+    public var ports: [PKZMQSendPort] {
+        switch body {
+        case .bytes: []
+        case .components(let all): all.compactMap(\.port)
+        }
+    }
 }
 #endif

@@ -33,7 +33,11 @@ import PortKitZeroMQ
                 replyPort: port.makeSendRight())
             try right.send(message, timeout: .seconds(5))
             try right.send(PKZMQMessage(msgid: 7), timeout: .seconds(5))
-            try run(loop, until: "two messages") { received.count == 2 }
+            // One data component (held as its bytes alone), empty or not, and one port alone.
+            try right.send(PKZMQMessage(msgid: 8, data: [9, 8]), timeout: .seconds(5))
+            try right.send(PKZMQMessage(msgid: 9, components: [.data([])]), timeout: .seconds(5))
+            try right.send(PKZMQMessage(msgid: 10, components: [.port(other.makeSendRight())]), timeout: .seconds(5))
+            try run(loop, until: "five messages") { received.count == 5 }
 
             let first = received[0]
             #expect(first.msgid == 42)
@@ -44,6 +48,9 @@ import PortKitZeroMQ
             #expect(first.components[3].data == big)
             #expect(first.replyPort == port.makeSendRight())
             #expect(received[1].msgid == 7 && received[1].components.isEmpty && received[1].replyPort == nil)
+            #expect(received[2].components.map(\.data) == [[9, 8]] && received[2].data == [9, 8] && received[2].ports.isEmpty)
+            #expect(received[3].components.map(\.data) == [[]] && received[3].data.isEmpty)
+            #expect(received[4].components.count == 1 && received[4].ports.map(\.endpoint) == [other.endpoint])
             port.invalidate()
             other.invalidate()
         }

@@ -51,6 +51,26 @@ import PortKit
         #expect(message.components == [.data([]), .port(ZMQPortAddress(endpoint: "ipc://@x", portID: .max)), .data([1, 2, 3])])
     }
 
+    /// A message of one data component decodes to its bytes alone (no array of components),
+    /// and reads back as the one-component message it is; one port alone keeps its array.
+    @Test func oneDataComponentDecodesToItsBytesAlone() throws {
+        for payload: [UInt8] in [[], [1, 2, 3]] {
+            guard case .message(let message) = decodeOne(try encode(5, [.data(payload)])) else {
+                Issue.record("not decoded")
+                continue
+            }
+            guard case .bytes(let bytes) = message.body else {
+                Issue.record("one data component decoded into an array")
+                continue
+            }
+            #expect(bytes == payload && message.components == [.data(payload)])
+            #expect(message == ZMQDecodedMessage(msgid: 5, destination: 0, components: [.data(payload)], reply: nil))
+        }
+        let port = ZMQPortAddress(endpoint: "ipc://@x", portID: 3)
+        guard case .message(let message) = decodeOne(try encode(6, [.port(port)])) else { Issue.record("not decoded"); return }
+        #expect(message.components == [.port(port)])
+    }
+
     @Test func emptyMessageIsTheHeaderAlone() throws {
         let bytes = try encode(1, [])
         #expect(bytes.count == 24)

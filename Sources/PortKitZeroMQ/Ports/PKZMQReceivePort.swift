@@ -197,7 +197,12 @@ extension PKZMQMessage {
     /// A message off the wire, its components made by the decoder: its reply port's address
     /// becomes a send right (connected on first use).
     init(_ decoded: ZMQDecoded<PKZMQComponent>) {
-        self.init(msgid: decoded.msgid, components: decoded.components, replyPort: decoded.reply.map { PKZMQSendPort(address: $0) })
+        self.msgid = decoded.msgid
+        self.replyPort = decoded.reply.map { PKZMQSendPort(address: $0) }
+        switch decoded.body {
+        case .bytes(let bytes): body = .bytes(bytes)
+        case .components(let all): body = Body(all)
+        }
     }
 
     /// A message decoded with its ports as addresses (the fuzzer's), as a receive port would

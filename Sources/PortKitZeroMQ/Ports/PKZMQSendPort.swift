@@ -89,18 +89,23 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
     func send(_ message: PKZMQMessage, reply: ZMQPortAddress?, on connection: ZMQConnection, before deadline: PKDeadline) throws(PKError) {
         let destination = right.endpoint
         let replyAddress = reply ?? message.replyPort?.address(toward: destination)
-        if message.components.contains(where: { $0.port != nil }) {
+        switch message.body {
+        case .bytes(let bytes):
+            // One data component (the usual message): encoded as it is, with no array made.
+            try send(msgid: message.msgid, components: CollectionOfOne(PKZMQComponent.data(bytes)), reply: replyAddress,
+                     on: connection, before: deadline)
+        case .components(let all) where all.contains(where: { $0.port != nil }):
             // Each port's address is found once, so that measuring and writing see the same one.
-            let components = message.components.map { component -> ZMQWireComponent in
+            let components = all.map { component -> ZMQWireComponent in
                 switch component {
                 case .data(let bytes): .data(bytes)
                 case .port(let port): .port(port.address(toward: destination))
                 }
             }
             try send(msgid: message.msgid, components: components, reply: replyAddress, on: connection, before: deadline)
-        } else {
-            // Data only (the common case): encoded as they are, with no wire components made.
-            try send(msgid: message.msgid, components: message.components, reply: replyAddress, on: connection, before: deadline)
+        case .components(let all):
+            // Data only: encoded as they are, with no wire components made.
+            try send(msgid: message.msgid, components: all, reply: replyAddress, on: connection, before: deadline)
         }
     }
 

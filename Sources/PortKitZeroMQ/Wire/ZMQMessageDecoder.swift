@@ -19,15 +19,53 @@ extension ZMQWireComponent: ZMQDecodableComponent {
 }
 
 /// A message as decoded from the wire, its reply port still an address.
-struct ZMQDecoded<Component> {
+struct ZMQDecoded<Component: ZMQDecodableComponent> {
     var msgid: UInt32
     /// The port id the message is for, at the receiving endpoint.
     var destination: UInt64
-    var components: [Component]
+    /// The components; one data component (the usual message) is its bytes alone, with no array.
+    var body: ZMQDecodedBody<Component>
     var reply: ZMQPortAddress?
+
+    init(msgid: UInt32, destination: UInt64, components: [Component], reply: ZMQPortAddress?) {
+        self.init(msgid: msgid, destination: destination, body: .components(components), reply: reply)
+    }
+
+    init(msgid: UInt32, destination: UInt64, body: ZMQDecodedBody<Component>, reply: ZMQPortAddress?) {
+        self.msgid = msgid
+        self.destination = destination
+        self.body = body
+        self.reply = reply
+    }
+
+    /// The components, in order (made into an array for a message of one data component).
+    var components: [Component] {
+        get {
+            switch body {
+            case .bytes(let bytes): [.decoded(data: bytes)]
+            case .components(let all): all
+            }
+        }
+        set { body = .components(newValue) }
+    }
 }
 
-extension ZMQDecoded: Equatable where Component: Equatable {}
+/// How a decoded message holds its components.
+enum ZMQDecodedBody<Component> {
+    /// Exactly one component, a data component: these bytes.
+    case bytes([UInt8])
+    /// Any other shape.
+    case components([Component])
+}
+
+extension ZMQDecoded: Equatable where Component: Equatable {
+    /// Equal when they decode to the same message, however each holds its components.
+    static func == (lhs: Self, rhs: Self) -> Bool {
+        lhs.msgid == rhs.msgid && lhs.destination == rhs.destination && lhs.reply == rhs.reply
+            && lhs.components == rhs.components
+    }
+}
+extension ZMQDecodedBody: Sendable where Component: Sendable {}
 extension ZMQDecoded: Sendable where Component: Sendable {}
 
 /// A decoded message whose ports are all still addresses.
@@ -100,27 +138,35 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
             var message = ZMQDecoded<Component>(
                 msgid: frame.loadLittleEndian(at: 8, as: UInt32.self),
                 destination: frame.loadLittleEndian(at: 16, as: UInt64.self),
-                components: [], reply: nil)
+                body: .components([]), reply: nil)
             offset = ZMQWireFormat.headerSize
 
             var bytes = 0
             var ports = 0
-            if count == 1 {
-                // One component, the common case: an array literal, not the growth path.
+            if count == 1 && left > 0 && frame[offset] == ZMQWireFormat.typeData {
+                // One data component, the common case: its bytes alone, no array.
+                switch data(bytes: &bytes, limits: limits) {
+                case .success(let data): message.body = .bytes(data)
+                case .failure(let reason): return .failure(reason)
+                }
+            } else if count == 1 {
+                // One port (or a broken component): an array literal, not the growth path.
                 switch component(bytes: &bytes, ports: &ports, limits: limits) {
-                case .success(let component): message.components = [component]
+                case .success(let component): message.body = .components([component])
                 case .failure(let reason): return .failure(reason)
                 }
             } else if count > 1 {
                 // No more than the frame can hold (a component takes at least a data prefix):
                 // a small frame that announces many components allocates nothing for them.
-                message.components.reserveCapacity(min(count, left / ZMQWireFormat.dataPrefix))
+                var components: [Component] = []
+                components.reserveCapacity(min(count, left / ZMQWireFormat.dataPrefix))
                 for _ in 0..<count {
                     switch component(bytes: &bytes, ports: &ports, limits: limits) {
-                    case .success(let component): message.components.append(component)
+                    case .success(let component): components.append(component)
                     case .failure(let reason): return .failure(reason)
                     }
                 }
+                message.body = .components(components)
             }
             if flags & ZMQWireFormat.flagReplyPort != 0 {
                 guard left > 0 else { return .failure(Reason(text: "the message ends before its reply port")) }
@@ -142,19 +188,7 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
             guard left > 0 else { return .failure(Reason(text: "the message ends before the components its header announces")) }
             switch frame[offset] {
             case ZMQWireFormat.typeData:
-                guard left >= ZMQWireFormat.dataPrefix else { return .failure(Reason(text: "a data component's length is cut off")) }
-                let length = Int(frame.loadLittleEndian(at: offset + 1, as: UInt32.self))
-                offset += ZMQWireFormat.dataPrefix
-                guard length <= left else {
-                    return .failure(Reason(text: "a data component of \(length) bytes where \(left) are left"))
-                }
-                bytes += length
-                guard bytes <= limits.maxMessageBytes else {
-                    return .failure(Reason(text: "the data components exceed \(limits.maxMessageBytes) bytes"))
-                }
-                let data = Array(UnsafeRawBufferPointer(rebasing: frame[offset..<offset + length]))
-                offset += length
-                return .success(.decoded(data: data))
+                return data(bytes: &bytes, limits: limits).map { .decoded(data: $0) }
             case ZMQWireFormat.typePort:
                 ports += 1
                 guard ports <= limits.maxPorts else { return .failure(Reason(text: "more than \(limits.maxPorts) ports")) }
@@ -162,6 +196,23 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
             case let type:
                 return .failure(Reason(text: "a component of unknown type \(type)"))
             }
+        }
+
+        /// A data component (its type byte is at `offset`): type 1, the length, the bytes.
+        private mutating func data(bytes: inout Int, limits: ZMQWireLimits) -> Result<[UInt8], Reason> {
+            guard left >= ZMQWireFormat.dataPrefix else { return .failure(Reason(text: "a data component's length is cut off")) }
+            let length = Int(frame.loadLittleEndian(at: offset + 1, as: UInt32.self))
+            offset += ZMQWireFormat.dataPrefix
+            guard length <= left else {
+                return .failure(Reason(text: "a data component of \(length) bytes where \(left) are left"))
+            }
+            bytes += length
+            guard bytes <= limits.maxMessageBytes else {
+                return .failure(Reason(text: "the data components exceed \(limits.maxMessageBytes) bytes"))
+            }
+            let data = Array(UnsafeRawBufferPointer(rebasing: frame[offset..<offset + length]))
+            offset += length
+            return .success(data)
         }
 
         /// A port component: type 2, the port id, the endpoint's length, a valid endpoint in UTF-8.
