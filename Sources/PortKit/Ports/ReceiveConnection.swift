@@ -178,20 +178,23 @@ final class ReceiveConnection {
     }
 
     private func decodeAvailable() -> ReadOutcome {
+        // Each frame is decoded into these, and its payload moved out of them into its message.
+        var frame = WireFrame(msgid: 0)
+        var descriptors: [Int32] = []
         while true {
-            let event: WireEvent?
-            do throws(WireError) { event = try decoder.next() } catch {
+            let found: WireDecoder.Found?
+            do throws(WireError) { found = try decoder.next(frame: &frame, descriptors: &descriptors) } catch {
                 return .failed(error.description)
             }
-            guard let event else { break }
-            switch event {
+            guard let found else { break }
+            switch found {
             case .greeting(let greeting):
                 hasGreeting = true
                 greetingDeadline = nil
                 if let peer, greeting.uid != peer.uid || greeting.pid != UInt32(bitPattern: peer.pid) {
                     return .failed("the greeting claims pid \(greeting.pid) uid \(greeting.uid), but the kernel says pid \(peer.pid) uid \(peer.uid)")
                 }
-            case .frame(let frame, let descriptors):
+            case .frame:
                 switch frame.controlCode {
                 case .attachSender:
                     // The one descriptor is a new sender for this port.
@@ -205,7 +208,7 @@ final class ReceiveConnection {
                 case nil:
                     break
                 }
-                var message = Self.message(from: frame, descriptors: descriptors)
+                var message = Self.message(taking: &frame, descriptors: descriptors)
                 if frame.repliesBack { message.replyPort = replyRight(token: frame.replyToken) }
                 enqueue(message)
             }
@@ -240,11 +243,13 @@ final class ReceiveConnection {
         return PKSendPort(reply: ReplyRight(writer: replyWriter!, ticket: ticket))
     }
 
-    static func message(from frame: WireFrame, descriptors: [Int32]) -> PKPortMessage {
+    /// The message `frame` carries, its payload moved out of `frame` (which keeps its header
+    /// fields); its ports and reply port become send rights over `descriptors`.
+    static func message(taking frame: inout WireFrame, descriptors: [Int32]) -> PKPortMessage {
         var next = 0
         let reply = frame.hasReplyPort ? right(descriptors, &next) : nil
         // One data component (the usual message) is held as its bytes, with no array.
-        if frame.components.count == 1, case .data(let bytes) = frame.components[0] {
+        if let bytes = frame.components.takeOnlyData() {
             return PKPortMessage(msgid: frame.msgid, data: bytes, replyPort: reply)
         }
         // One port component as an array literal: allocated at its size, where

@@ -89,17 +89,21 @@ final class ReplyChannelReader: @unchecked Sendable {
     }
 
     private func decodeAvailable(_ handle: (Event) -> Void) -> String? {
+        var frame = WireFrame(msgid: 0)
+        var descriptors: [Int32] = []
         while true {
-            let event: WireEvent?
-            do throws(WireError) { event = try decoder.next() } catch { return error.description }
-            guard let event else { return nil }
-            guard case .frame(let frame, let descriptors) = event else { continue }  // the greeting
+            let found: WireDecoder.Found?
+            do throws(WireError) { found = try decoder.next(frame: &frame, descriptors: &descriptors) } catch {
+                return error.description
+            }
+            guard let found else { return nil }
+            guard case .frame = found else { continue }  // the greeting
             switch frame.controlCode {
             case .attachSender: handle(.attach(descriptor: descriptors[0], token: frame.replyToken))
             case .noReply: handle(.noReply(token: frame.replyToken))
             case .replyCancelled, nil:
                 // The decoder admits no REPLY_CANCELLED on a reply channel: this is a message.
-                handle(.message(ReceiveConnection.message(from: frame, descriptors: descriptors), token: frame.replyToken))
+                handle(.message(ReceiveConnection.message(taking: &frame, descriptors: descriptors), token: frame.replyToken))
             }
         }
     }

@@ -147,12 +147,37 @@ struct WireDecoder {
     /// - Throws: `WireError` when the connection broke the protocol; the decoder is failed from
     ///   then on and throws the same error on every call.
     mutating func next() throws(WireError) -> WireEvent? {
+        var frame = WireFrame(msgid: 0)
+        var descriptors: [Int32] = []
+        switch try next(frame: &frame, descriptors: &descriptors) {
+        case nil: return nil
+        case .greeting(let greeting): return .greeting(greeting)
+        case .frame: return .frame(frame, descriptors: descriptors)
+        }
+    }
+
+    /// What `next(frame:descriptors:)` found.
+    enum Found {
+        /// The connection's greeting.
+        case greeting(WireGreeting)
+        /// A frame, now in `frame`, and its descriptors, now in `descriptors`.
+        case frame
+    }
+
+    /// `next()` for a reader that takes the frame apart: a frame is decoded into `frame` and
+    /// its descriptors into `descriptors` (both overwritten; left as they were when it returns
+    /// `nil` or a greeting), so the reader can move the payload out of them (see
+    /// `WireComponents.takeOnlyData()`). An event returned by value is copied out of its enum
+    /// by the reader, a retain and a release of its payload and more per frame.
+    ///
+    /// - Throws: as `next()`.
+    mutating func next(frame: inout WireFrame, descriptors: inout [Int32]) throws(WireError) -> Found? {
         do throws(WireError) {
             switch state {
             case .failed(let error): throw error
             case .closed: return nil
-            case .awaitingGreeting: return try nextGreeting()
-            case .open: return try nextFrame()
+            case .awaitingGreeting: return try nextGreeting().map { .greeting($0) }
+            case .open: return try nextFrame(into: &frame, descriptors: &descriptors) ? .frame : nil
             }
         } catch {
             fail(error)
@@ -209,7 +234,7 @@ struct WireDecoder {
 
     // MARK: Private
 
-    private mutating func nextGreeting() throws(WireError) -> WireEvent? {
+    private mutating func nextGreeting() throws(WireError) -> WireGreeting? {
         let result: Result<WireGreeting?, WireError> = buffer.withUnsafeBytes { raw in
             Result { () throws(WireError) -> WireGreeting? in
                 if raw.count < WireFormat.greetingByteCount {
@@ -226,33 +251,35 @@ struct WireDecoder {
         buffer.consume(WireFormat.greetingByteCount)
         self.greeting = greeting
         state = .open
-        return .greeting(greeting)
+        return greeting
     }
 
-    private mutating func nextFrame() throws(WireError) -> WireEvent? {
+    /// Decodes the next frame into `frame` and `descriptors`; false when more bytes are needed.
+    private mutating func nextFrame(into frame: inout WireFrame, descriptors taken: inout [Int32]) throws(WireError) -> Bool {
         let available = buffer.count
         if available < WireFormat.frameHeaderByteCount {
             // A partial header: its frame may claim up to the limit.
             try checkDescriptorsAhead(partialFrameClaim: available == 0 ? 0 : limits.maxDescriptors)
-            return nil
+            return false
         }
         let header = buffer.withUnsafeBytes { WireFrameHeader(loadingFrom: $0) }
         try header.validate(limits: limits, direction: direction)
         if available < header.length {
             try checkDescriptorsAhead(partialFrameClaim: header.descriptorCount)
-            return nil
+            return false
         }
         let result: Result<WireFrame, WireError> = buffer.withUnsafeBytes { raw in
             Result { () throws(WireError) -> WireFrame in try Self.decodeBody(of: header, from: raw) }
         }
-        let frame = try result.get()
+        frame = try result.get()
         if descriptors.count < header.descriptorCount {
             throw WireError(.descriptorsMissing,
                             "frame \(header.msgid) is complete but only \(descriptors.count) of its "
                                 + "\(header.descriptorCount) descriptors have arrived")
         }
         buffer.consume(header.length)
-        return .frame(frame, descriptors: descriptors.take(header.descriptorCount))
+        taken = descriptors.take(header.descriptorCount)
+        return true
     }
 
     /// Decodes the components of a frame whose `header` has been validated and whose bytes are

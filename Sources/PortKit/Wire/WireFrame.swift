@@ -106,6 +106,18 @@ struct WireComponents: RandomAccessCollection, MutableCollection, ExpressibleByA
         }
     }
 
+    /// Moves out the bytes of the one component when it is a data component (the usual
+    /// frame), leaving no components; `nil`, and nothing changed, for any other shape. Moved,
+    /// not copied: no retain of the bytes, and no release when the frame goes.
+    mutating func takeOnlyData() -> [UInt8]? {
+        guard case .one(.data) = storage else { return nil }
+        var taken = Storage.none
+        swap(&taken, &storage)
+        dataByteCount = 0
+        guard case .one(.data(let bytes)) = consume taken else { preconditionFailure("unreachable: checked above") }
+        return bytes
+    }
+
     private mutating func count(_ component: WireComponent, as sign: Int) {
         switch component {
         case .data(let bytes): dataByteCount += sign * bytes.count

@@ -39,6 +39,40 @@ struct WireRoundTripTests {
         #expect(outcome.events == expectedEvents(sampleFrames))
     }
 
+    @Test("frames decoded in place are next()'s frames, and the usual one's bytes move out")
+    func framesDecodedInPlace() throws {
+        let total = sampleFrames.reduce(0) { $0 + $1.descriptorCount }
+        var decoder = WireDecoder()
+        encodeStream(sampleFrames).withUnsafeBytes { decoder.append(bytes: $0) }
+        decoder.append(descriptors: fakeDescriptors(total))
+        // What it leaves alone when it finds no frame, it must leave alone.
+        let untouched = WireFrame(msgid: 77, components: [.data([7])])
+        var frame = untouched
+        var descriptors: [Int32] = [77]
+        var events: [WireEvent] = []
+        var moved: [[UInt8]?] = []
+        while let found = try decoder.next(frame: &frame, descriptors: &descriptors) {
+            switch found {
+            case .greeting(let greeting):
+                events.append(.greeting(greeting))
+                #expect(frame == untouched && descriptors == [77])
+            case .frame:
+                events.append(.frame(frame, descriptors: descriptors))
+                moved.append(frame.components.takeOnlyData())
+                if moved.last! != nil { #expect(frame.components.isEmpty && frame.dataByteCount == 0) }
+                frame = untouched
+                descriptors = [77]
+            }
+        }
+        #expect(frame == untouched && descriptors == [77])
+        #expect(events == expectedEvents(sampleFrames))
+        // Only a frame of one data component gives its bytes up.
+        #expect(moved == sampleFrames.map { frame -> [UInt8]? in
+            if frame.components.count == 1, case .data(let bytes) = frame.components[0] { return bytes }
+            return nil
+        })
+    }
+
     @Test("the reply port is the first descriptor, then one per port component")
     func replyPortComesFirst() throws {
         let frame = WireFrame(msgid: 9, hasReplyPort: true, components: [.port, .data([7]), .port])
