@@ -1,7 +1,8 @@
 // The parts of the shim that need _GNU_SOURCE (set in the target's cSettings): gettid(2),
-// accept4(2) and struct ucred.
+// accept4(2), struct ucred and SCHED_BATCH.
 #include "CPortKit.h"
 #include <linux/sockios.h>
+#include <sched.h>
 #include <sys/ioctl.h>
 
 pid_t pk_gettid(void) {
@@ -156,3 +157,10 @@ int pk_unsent_bytes(int fd) {
     if (ioctl(fd, SIOCOUTQ, &count) != 0) return -1;
     return count;
 }
+
+int pk_prefer_throughput(void) {
+    struct sched_param param = { .sched_priority = 0 };
+    return sched_setscheduler(0, SCHED_BATCH, &param) == 0 ? 0 : errno;
+}
+
+int pk_is_throughput_thread(void) { return sched_getscheduler(0) == SCHED_BATCH; }

@@ -49,6 +49,15 @@ static inline void pk_spin_pause(void) {
 /// Bytes written to a socket and not yet read by its peer (ioctl SIOCOUTQ), or -1.
 int pk_unsent_bytes(int fd);
 
+// MARK: - Scheduling
+
+/// Makes the calling thread a throughput thread (SCHED_BATCH): its wake-ups never preempt the
+/// thread running on its CPU, which runs on until it sleeps or its time slice ends. Returns 0,
+/// or the errno of sched_setscheduler(2).
+int pk_prefer_throughput(void);
+/// Whether the calling thread is a throughput thread (its policy is SCHED_BATCH).
+int pk_is_throughput_thread(void);
+
 // MARK: - Clock
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of every PortKit deadline and timer.

@@ -334,9 +334,10 @@ final class SendConnection: @unchecked Sendable {
     ///   after it wait in the connection's pending bytes, up to `pendingLimit`, and go out
     ///   together, one `sendmsg` for many frames, when the socket has room again: the sender's
     ///   own loop writes them (before it next waits), or, for a thread not running a loop,
-    ///   PortKit's background loop does. A send finding `pendingLimit` bytes pending writes them
-    ///   itself, waiting for room until its deadline, then fails with `.sendTimedOut` having
-    ///   sent nothing: the receiver's back-pressure holds the sender as before.
+    ///   PortKit's flusher loop does (`PKRunLoop.flusher`). A send finding `pendingLimit` bytes
+    ///   pending writes them itself, waiting for room until its deadline, then fails with
+    ///   `.sendTimedOut` having sent nothing: the receiver's back-pressure holds the sender as
+    ///   before.
     /// - Inside a loop's pass, a second frame to the same connection joins the pending bytes
     ///   at once: a handler that streams frames makes one system call per batch.
     /// Pending bytes go out before anything else on the connection (a frame with descriptors
@@ -405,8 +406,8 @@ final class SendConnection: @unchecked Sendable {
                 if let loop {
                     loop.notePendingWrite(self)
                 } else {
-                    let background = PKRunLoop.background
-                    background.perform { background.flushPendingWrites(of: self) }
+                    let flusher = PKRunLoop.flusher
+                    flusher.perform { flusher.flushPendingWrites(of: self) }
                 }
                 return
             case .needRoom:

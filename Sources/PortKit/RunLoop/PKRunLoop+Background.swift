@@ -1,5 +1,6 @@
 // A process-wide background loop on its own thread, for ports consumed with Swift concurrency
-// (AsyncSequence, async request/reply) or delivered on a DispatchQueue.
+// (AsyncSequence, async request/reply) or delivered on a DispatchQueue; and the loop that
+// writes coalesced sends made outside any running loop.
 
 import Synchronization
 
@@ -53,15 +54,28 @@ final class Semaphore: @unchecked Sendable {
     }
 }
 
-private final class BackgroundLoop: Sendable {
+extension PKRunLoop {
+    /// The loop that writes the pending bytes of sends made outside any running loop (see
+    /// `SendConnection.write`), on a thread of its own made on first use. Its thread is a
+    /// throughput thread (`SCHED_BATCH`): asking it to write never preempts the sender, which
+    /// goes on adding to the same batch until it sleeps or its time slice ends (or finds
+    /// `SendConnection.pendingLimit` bytes pending and writes them itself). On a CPU of its own
+    /// it writes at once. docs/decisions.md, "Coalesced writes outside a loop".
+    static var flusher: PKRunLoop { flusherLoop.loop }
+}
+
+private final class DedicatedLoop: Sendable {
     let loop: PKRunLoop
 
-    init() {
+    /// Starts a loop on a thread named `name` that runs for the life of the process;
+    /// `throughput`: a throughput thread (see `ThreadScheduling.preferThroughput()`).
+    init(name: String, throughput: Bool = false) {
         let ready = Semaphore()
         let slot = ResultBox<PKRunLoop>()
         let thread: SystemThread
         do {
-            thread = try SystemThread(name: "PortKit.bg") {
+            thread = try SystemThread(name: name) {
+                if throughput { ThreadScheduling.preferThroughput() }
                 let loop = PKRunLoop.current
                 // A source that is never signalled keeps the default mode from being empty.
                 loop.add(PKCustomSource(perform: {}), forMode: .common)
@@ -72,7 +86,7 @@ private final class BackgroundLoop: Sendable {
                 while true { loop.run(in: .default) }
             }
         } catch {
-            fatalError("PortKit cannot start its background loop: \(error)")
+            fatalError("PortKit cannot start its loop \(name): \(error)")
         }
         thread.detach()
         ready.wait()
@@ -80,4 +94,5 @@ private final class BackgroundLoop: Sendable {
     }
 }
 
-private let backgroundLoop = BackgroundLoop()
+private let backgroundLoop = DedicatedLoop(name: "PortKit.bg")
+private let flusherLoop = DedicatedLoop(name: "PortKit.flush", throughput: true)

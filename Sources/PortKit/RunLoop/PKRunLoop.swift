@@ -786,7 +786,7 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     /// Writes `connection`'s pending bytes for a thread that is not running a loop (this is
-    /// PortKit's background loop). Loop-only.
+    /// PortKit's flusher loop, `PKRunLoop.flusher`). Loop-only.
     func flushPendingWrites(of connection: SendConnection) {
         guard blockedWrites[connection.fd] == nil else { return }
         if connection.flushPendingWithoutWaiting() == .blocked { watchForRoom(connection) }

@@ -57,6 +57,19 @@ private final class ThreadBody {
     }
 }
 
+/// How the scheduler treats the calling thread.
+enum ThreadScheduling {
+    /// Makes the calling thread a throughput thread: its wake-ups never preempt the thread
+    /// running on its CPU. The corresponding call is `sched_setscheduler(2)` with `SCHED_BATCH`.
+    /// Returns whether it took (it needs no privilege; a refusal leaves the policy as it was).
+    @discardableResult
+    static func preferThroughput() -> Bool { pk_prefer_throughput() == 0 }
+
+    /// Whether the calling thread is a throughput thread. The corresponding call is
+    /// `sched_getscheduler(2)`.
+    static var prefersThroughput: Bool { pk_is_throughput_thread() != 0 }
+}
+
 /// Work to do when the process calls `exit` (`atexit(3)`), registered once per handler.
 enum ProcessExit {
     private static let handlers = PKMutex<[@Sendable () -> Void]>([])

@@ -1,6 +1,6 @@
 // Coalesced writes (docs/decisions.md): frames that wait in a connection's pending bytes when
 // its socket is full, or that a handler streams within one pass, all arrive, whole and in order,
-// whoever sends them: a thread that runs no loop (PortKit's background loop flushes), a thread
+// whoever sends them: a thread that runs no loop (PortKit's flusher loop flushes), a thread
 // that sends from a handler (its own loop flushes), several threads on one right.
 
 import Glibc
@@ -74,11 +74,21 @@ import Testing
         }
     }
 
+    /// The loop that writes the pending bytes of threads without a loop runs on a throughput
+    /// thread (SCHED_BATCH), so that asking it to write never preempts the sender in the middle
+    /// of its batch; the public background loop, which serves async requests and sequences, is
+    /// an ordinary thread, whose wake-ups may preempt.
+    @Test func theFlusherIsAThroughputThreadAndTheBackgroundLoopIsNot() {
+        #expect(PKRunLoop.flusher.performAndWait { ThreadScheduling.prefersThroughput })
+        #expect(!PKRunLoop.background.performAndWait { ThreadScheduling.prefersThroughput })
+        #expect(PKRunLoop.flusher !== PKRunLoop.background)
+    }
+
     /// A process that sends frames from a thread without a loop and exits at once loses none:
     /// the frames still pending when it calls `exit` go out then. Fifty trials, each 3,000
-    /// frames to a receiver that falls behind now and then, so the background loop's flushes
+    /// frames to a receiver that falls behind now and then, so the flusher loop's flushes
     /// and the sender's new pending bytes interleave up to the end. (A flush ending on the
-    /// background loop once unlisted bytes the sender had just made pending, and an exiting
+    /// flusher loop once unlisted bytes the sender had just made pending, and an exiting
     /// process then dropped its last frames: seen as a stalled-consumer test that never ended.)
     @Test func aProcessThatSendsAndExitsAtOnceLosesNothing() async throws {
         let trials = 50
