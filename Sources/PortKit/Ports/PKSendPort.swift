@@ -249,7 +249,7 @@ final class SendConnection: @unchecked Sendable {
     /// Pending bytes past which a send writes them itself, waiting for room.
     static let pendingLimit = 64 << 10
     /// How recent the last write must be for a send to ask whether it is still unread.
-    static let recentWriteNanoseconds: UInt64 = 10_000
+    static let recentWriteNanoseconds: UInt64 = 2_000
     /// The largest encoding area a connection keeps between sends.
     static let scratchLimit = 4 << 10
 
@@ -332,7 +332,7 @@ final class SendConnection: @unchecked Sendable {
     ///   trip pay no delay.
     /// - When the socket is full (the receiver is behind), the rest of the frame and the frames
     ///   after it wait in the connection's pending bytes, up to `pendingLimit`, and go out
-    ///   together, one `sendmsg` for many frames, when the socket has room again: the sender's
+    ///   together, one `send` for many frames, when the socket has room again: the sender's
     ///   own loop writes them (before it next waits), or, for a thread not running a loop,
     ///   PortKit's flusher loop does (`PKRunLoop.flusher`). A send finding `pendingLimit` bytes
     ///   pending writes them itself, waiting for room until its deadline, then fails with
