@@ -696,7 +696,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             while index < ready.count {
                 let connection = ready[index]
                 guard let message = connection.dequeue() else {
-                    ready.remove(at: index)
+                    // The last one (the usual case, one ready connection) without shifting.
+                    if index == ready.count - 1 { ready.removeLast() } else { ready.remove(at: index) }
                     connection.isListedReady = false
                     connectionDrained(connection)
                     continue
