@@ -17,7 +17,9 @@
 //                                             portkit-request-processes,
 //                                             portkit-stream64-threads (N messages), portkit-spawn;
 //                                             with the trait, portkit-zmq-stream64 and
-//                                             zmq-stream64: ipc:// streams, N messages)
+//                                             zmq-stream64: ipc:// streams, N messages;
+//                                             portkit-zmq-ipc, portkit-zmq-tcp, zmq-ipc,
+//                                             zmq-tcp: round trips)
 //   pkbench memory                            user-space bytes per idle port (JSON)
 //   pkbench foundation rt|stream PLACEMENT    Foundation SocketPort + RunLoop (JSON); may crash
 //   pkbench compare [REGEX]                   PortKit and its baselines interleaved batch by batch
@@ -110,6 +112,10 @@ case "rt":
         #if ZeroMQ
         case "portkit-zmq-stream64": workload = try PortKitZMQPair(.ipc, .stream, placement)
         case "zmq-stream64": workload = try ZMQStream(.ipc, placement, size: 64)
+        case "portkit-zmq-ipc": workload = try PortKitZMQPair(.ipc, .roundTrip, placement)
+        case "portkit-zmq-tcp": workload = try PortKitZMQPair(.tcp, .roundTrip, placement)
+        case "zmq-ipc": workload = try ZMQRoundTrip(.ipc, placement)
+        case "zmq-tcp": workload = try ZMQRoundTrip(.tcp, placement)
         #endif
         default: fail("rt: unknown kind \(argument(1))")
         }
