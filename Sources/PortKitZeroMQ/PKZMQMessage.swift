@@ -59,6 +59,17 @@ public struct PKZMQMessage: Sendable {
             }
         }
         set { body = Body(newValue) }
+        // Changed in place, the array is moved out and back: not copied for every change.
+        _modify {
+            var all: [PKZMQComponent]
+            switch body {
+            case .bytes(let bytes): all = [.data(bytes)]
+            case .components(let existing): all = existing
+            }
+            body = .components([])
+            defer { body = Body(all) }
+            yield &all
+        }
     }
 
     /// A message.
@@ -115,6 +126,13 @@ public struct PKZMQMessage: Sendable {
         case .bytes: []
         case .components(let all): all.compactMap(\.port)
         }
+    }
+}
+
+extension PKZMQMessage: CustomReflectable {
+    /// The message as its fields read (`print`, `dump`), whatever the shape it is held in.
+    public var customMirror: Mirror {
+        Mirror(self, children: ["msgid": msgid, "components": components, "replyPort": replyPort as Any], displayStyle: .struct)
     }
 }
 #endif

@@ -57,6 +57,18 @@ public struct PKPortMessage: Sendable {
             }
         }
         set { body = Body(newValue) }
+        // Changed in place (`append`, a subscript), the array is moved out of the message and
+        // back, so it stays uniquely referenced and is not copied for every change.
+        _modify {
+            var all: [PKPortComponent]
+            switch body {
+            case .bytes(let bytes): all = [.data(bytes)]
+            case .components(let existing): all = existing
+            }
+            body = .components([])
+            defer { body = Body(all) }
+            yield &all
+        }
     }
 
     /// A message.
@@ -108,6 +120,13 @@ public struct PKPortMessage: Sendable {
         case .bytes: 1
         case .components(let all): all.count
         }
+    }
+}
+
+extension PKPortMessage: CustomReflectable {
+    /// The message as its fields read (`print`, `dump`), whatever the shape it is held in.
+    public var customMirror: Mirror {
+        Mirror(self, children: ["msgid": msgid, "components": components, "replyPort": replyPort as Any], displayStyle: .struct)
     }
 }
 

@@ -47,6 +47,17 @@ struct ZMQDecoded<Component: ZMQDecodableComponent> {
             }
         }
         set { body = .components(newValue) }
+        // Changed in place (the fuzzer appends), the array is moved out and back: not copied.
+        _modify {
+            var all: [Component]
+            switch body {
+            case .bytes(let bytes): all = [.decoded(data: bytes)]
+            case .components(let existing): all = existing
+            }
+            body = .components([])
+            defer { body = .components(all) }
+            yield &all
+        }
     }
 }
 

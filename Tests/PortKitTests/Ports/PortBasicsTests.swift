@@ -82,6 +82,23 @@ import Testing
         #expect(describe(PKPortMessage(msgid: 2, components: [.data([4])]).components) == ["data 4"])
     }
 
+    /// Components changed in place (`append`, a subscript) are changed where they are: the
+    /// message does not copy its array for every change (which made building a message one
+    /// component at a time quadratic), and `print` shows the components, not how they are held.
+    @Test func componentsChangeInPlaceAndPrintAsComponents() {
+        var message = PKPortMessage(msgid: 1, components: [.data([1]), .data([2])])
+        message.components.reserveCapacity(64)
+        let storage = message.components.withUnsafeBufferPointer { $0.baseAddress }
+        for index in 3...40 { message.components.append(.data([UInt8(index)])) }
+        message.components[0] = .data([0])
+        #expect(message.components.withUnsafeBufferPointer { $0.baseAddress } == storage)
+        #expect(message.components.count == 40 && message.data == [0] + (2...40).map { UInt8($0) })
+        var one = PKPortMessage(msgid: 2, data: [7])
+        one.components.append(.data([8]))
+        #expect(one.data == [7, 8])
+        #expect(String(describing: PKPortMessage(msgid: 3, data: [9])).contains("components: [PortKit.PKPortComponent.data([9])]"))
+    }
+
     /// Every shape of message arrives with its components as sent, in memory and over a
     /// socket: none, one data component (empty or not), one port, and mixes.
     @Test(arguments: [false, true]) func everyShapeOfMessageArrivesAsSent(overSocket: Bool) throws {
