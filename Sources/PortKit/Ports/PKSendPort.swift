@@ -405,9 +405,12 @@ final class SendConnection: @unchecked Sendable {
                 guard flush else { return }
                 if let loop {
                     loop.notePendingWrite(self)
-                } else {
-                    let flusher = PKRunLoop.flusher
+                } else if let flusher = PKRunLoop.flusher {
                     flusher.perform { flusher.flushPendingWrites(of: self) }
+                } else {
+                    // No thread could be started to write them: this thread writes them now,
+                    // waiting for room as a thread that ends does.
+                    flushPending()
                 }
                 return
             case .needRoom:

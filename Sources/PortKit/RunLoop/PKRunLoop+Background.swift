@@ -2,6 +2,7 @@
 // (AsyncSequence, async request/reply) or delivered on a DispatchQueue; and the loop that
 // writes coalesced sends made outside any running loop.
 
+import Logging
 import Synchronization
 
 extension PKRunLoop {
@@ -38,6 +39,11 @@ final class Semaphore: @unchecked Sendable {
         precondition(fd >= 0, "PortKit cannot create a semaphore (eventfd)")
     }
 
+    private init(fd: Int32) { self.fd = fd }
+
+    /// A semaphore, or `.system` when its eventfd cannot be made.
+    static func make() throws(PKError) -> Semaphore { Semaphore(fd: try EventFD.createSemaphore()) }
+
     deinit { Descriptor.close(fd) }
 
     func signal() { EventFD.signal(fd) }
@@ -61,32 +67,36 @@ extension PKRunLoop {
     /// goes on adding to the same batch until it sleeps or its time slice ends (or finds
     /// `SendConnection.pendingLimit` bytes pending and writes them itself). On a CPU of its own
     /// it writes at once. docs/decisions.md, "Coalesced writes outside a loop".
-    static var flusher: PKRunLoop { flusherLoop.loop }
+    ///
+    /// `nil` when its thread could not be started (the process is out of threads, memory or
+    /// descriptors); a send then writes its pending bytes itself, waiting for room.
+    static var flusher: PKRunLoop? { flusherLoop?.loop }
 }
 
 private final class DedicatedLoop: Sendable {
     let loop: PKRunLoop
 
     /// Starts a loop on a thread named `name` that runs for the life of the process;
-    /// `throughput`: a throughput thread (see `ThreadScheduling.preferThroughput()`).
-    init(name: String, throughput: Bool = false) {
-        let ready = Semaphore()
+    /// `throughput`: a throughput thread (see `ThreadScheduling.preferThroughput()`), if the
+    /// scheduler lets it (a thread made by a `SCHED_IDLE` thread may not leave that policy
+    /// without privilege: it keeps it, and says so in the log).
+    ///
+    /// - Throws: `.system` when the thread or its semaphore cannot be made.
+    init(name: String, throughput: Bool = false) throws(PKError) {
+        let ready = try Semaphore.make()
         let slot = ResultBox<PKRunLoop>()
-        let thread: SystemThread
-        do {
-            thread = try SystemThread(name: name) {
-                if throughput { ThreadScheduling.preferThroughput() }
-                let loop = PKRunLoop.current
+        let thread = try SystemThread(name: name) {
+            if throughput && !ThreadScheduling.preferThroughput() {
+                dedicatedLoopLogger.notice("\(name) keeps the scheduling policy of the thread that started it: SCHED_BATCH was refused")
+            }
+            let loop = PKRunLoop.current
                 // A source that is never signalled keeps the default mode from being empty.
                 loop.add(PKCustomSource(perform: {}), forMode: .common)
                 // Its descriptors now, as part of the first use: it sleeps at once anyway.
                 _ = try? loop.epollFD()
-                slot.value = loop
-                ready.signal()
-                while true { loop.run(in: .default) }
-            }
-        } catch {
-            fatalError("PortKit cannot start its loop \(name): \(error)")
+            slot.value = loop
+            ready.signal()
+            while true { loop.run(in: .default) }
         }
         thread.detach()
         ready.wait()
@@ -94,5 +104,17 @@ private final class DedicatedLoop: Sendable {
     }
 }
 
-private let backgroundLoop = DedicatedLoop(name: "PortKit.bg")
-private let flusherLoop = DedicatedLoop(name: "PortKit.flush", throughput: true)
+private let dedicatedLoopLogger = Logger(label: "PortKit.PKRunLoop")
+
+private let backgroundLoop: DedicatedLoop = {
+    do throws(PKError) { return try DedicatedLoop(name: "PortKit.bg") } catch {
+        fatalError("PortKit cannot start its background loop: \(error)")
+    }
+}()
+
+private let flusherLoop: DedicatedLoop? = {
+    do throws(PKError) { return try DedicatedLoop(name: "PortKit.flush", throughput: true) } catch {
+        dedicatedLoopLogger.warning("no thread for PortKit.flush (\(error)): sends outside a loop write their pending bytes themselves")
+        return nil
+    }
+}()

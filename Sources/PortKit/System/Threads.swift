@@ -61,7 +61,8 @@ private final class ThreadBody {
 enum ThreadScheduling {
     /// Makes the calling thread a throughput thread: its wake-ups never preempt the thread
     /// running on its CPU. The corresponding call is `sched_setscheduler(2)` with `SCHED_BATCH`.
-    /// Returns whether it took (it needs no privilege; a refusal leaves the policy as it was).
+    /// Returns whether it took. It needs no privilege, except to leave `SCHED_IDLE` (a thread
+    /// inherits its creator's policy); a refusal leaves the policy as it was.
     @discardableResult
     static func preferThroughput() -> Bool { pk_prefer_throughput() == 0 }
 

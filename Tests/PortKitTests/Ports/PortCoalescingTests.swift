@@ -78,10 +78,77 @@ import Testing
     /// thread (SCHED_BATCH), so that asking it to write never preempts the sender in the middle
     /// of its batch; the public background loop, which serves async requests and sequences, is
     /// an ordinary thread, whose wake-ups may preempt.
-    @Test func theFlusherIsAThroughputThreadAndTheBackgroundLoopIsNot() {
-        #expect(PKRunLoop.flusher.performAndWait { ThreadScheduling.prefersThroughput })
+    @Test func theFlusherIsAThroughputThreadAndTheBackgroundLoopIsNot() throws {
+        let flusher = try #require(PKRunLoop.flusher)
+        #expect(flusher.performAndWait { ThreadScheduling.prefersThroughput })
         #expect(!PKRunLoop.background.performAndWait { ThreadScheduling.prefersThroughput })
-        #expect(PKRunLoop.flusher !== PKRunLoop.background)
+        #expect(flusher !== PKRunLoop.background)
+    }
+
+    /// A process that cannot start the flusher's thread (here: no address space left for its
+    /// stack) still gets every frame a thread without a loop sends, in order: that thread writes
+    /// its pending bytes itself. Run in a child process, which lowers its own address-space
+    /// limit once its threads exist; not under a sanitizer, whose shadow memory needs more.
+    @Test(.enabled(if: residentMemoryIsMeaningful, "a sanitizer's shadow memory needs the address space this test takes away"))
+    func framesStillArriveWhenTheFlusherCannotStart() async {
+        await exitTestInTurn {
+            await #expect(processExitsWith: .success) {
+                let count = 20_000
+                let go = TestLatch<Bool>()
+                let published = TestLatch<PKSendPort>()
+                let outcome = Locked<String?>(nil)
+                let receiver = TestThread(name: "slow-receiver") {
+                    let loop = PKRunLoop.current
+                    var next: UInt32 = 0
+                    var problem: String?
+                    let port = PKReceivePort { message in
+                        if message.msgid != next { problem = problem ?? "frame \(message.msgid), expected \(next)" }
+                        next = message.msgid + 1
+                        if next % 997 == 0 { sleepFor(.milliseconds(2)) }  // fall behind: the socket fills
+                    }
+                    try? loop.add(port, forMode: .default)
+                    if let right = try? independentRight(to: port) { published.set(right) }
+                    let deadline = PKDeadline.after(patience(.seconds(60)))
+                    while Int(next) < count && problem == nil && !deadline.hasPassed {
+                        loop.run(in: .default, until: deadline, returnAfterSourceHandled: true)
+                    }
+                    outcome.value = problem ?? (Int(next) == count ? "ok" : "received \(next) of \(count)")
+                    port.invalidate()
+                }
+                let sender = TestThread(name: "sender") {
+                    guard let right = try? published.wait(timeout: patience(.seconds(10))),
+                          (try? go.wait(timeout: patience(.seconds(10)))) != nil else { return }
+                    let payload = [UInt8](repeating: 7, count: 64)
+                    for seq in UInt32(0)..<UInt32(count) {
+                        do { try right.send(PKPortMessage(msgid: seq, data: payload), timeout: patience(.seconds(30))) } catch {
+                            outcome.value = outcome.value ?? "frame \(seq): \(error)"
+                            return
+                        }
+                    }
+                }
+                // Both threads exist and the receiver is ready: now no new thread's stack fits
+                // (glibc maps 8 MiB for one here, `ulimit -s`), while 4 MiB more of anything else do.
+                _ = try? published.wait(timeout: patience(.seconds(10)))
+                let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+                let mapped = (try? String(contentsOfFile: "/proc/self/statm", encoding: .utf8))
+                    .flatMap { $0.split(separator: " ").first.flatMap { Int($0) } } ?? 0
+                var limit = rlimit()
+                getrlimit(__rlimit_resource_t(RLIMIT_AS.rawValue), &limit)
+                limit.rlim_cur = rlim_t(mapped * page + (4 << 20))
+                setrlimit(__rlimit_resource_t(RLIMIT_AS.rawValue), &limit)
+                go.set(true)
+                var failures: [String] = []
+                do {
+                    try sender.joinPatiently(timeout: .seconds(120))
+                    try receiver.joinPatiently(timeout: .seconds(120))
+                } catch { failures.append("\(error)") }
+                let flusherStarted = PKRunLoop.flusher != nil
+                if flusherStarted { failures.append("the flusher started: the test did not take its address space away") }
+                let value = outcome.value ?? "no outcome"
+                if value != "ok" { failures.append(value) }
+                endExitTest("\(value); flusher started: \(flusherStarted)", failures: failures)
+            }
+        }
     }
 
     /// A process that sends frames from a thread without a loop and exits at once loses none:
