@@ -90,10 +90,10 @@ private final class DedicatedLoop: Sendable {
                 dedicatedLoopLogger.notice("\(name) keeps the scheduling policy of the thread that started it: SCHED_BATCH was refused")
             }
             let loop = PKRunLoop.current
-                // A source that is never signalled keeps the default mode from being empty.
-                loop.add(PKCustomSource(perform: {}), forMode: .common)
-                // Its descriptors now, as part of the first use: it sleeps at once anyway.
-                _ = try? loop.epollFD()
+            // A source that is never signalled keeps the default mode from being empty.
+            loop.add(PKCustomSource(perform: {}), forMode: .common)
+            // Its descriptors now, as part of the first use: it sleeps at once anyway.
+            _ = try? loop.epollFD()
             slot.value = loop
             ready.signal()
             while true { loop.run(in: .default) }
