@@ -32,51 +32,20 @@ public struct PKZMQMessage: Sendable {
     /// Where replies go, if the sender wants any.
     public var replyPort: PKZMQSendPort?
     /// The components, the usual shape held without an array.
-    var body: Body
-
-    /// How a message holds its components.
-    enum Body: Sendable {
-        /// Exactly one component, a data component: these bytes.
-        case bytes([UInt8])
-        /// Any other shape: none, several, or ports among them.
-        case components([PKZMQComponent])
-
-        init(_ components: [PKZMQComponent]) {
-            if components.count == 1, case .data(let bytes) = components[0] {
-                self = .bytes(bytes)
-            } else {
-                self = .components(components)
-            }
-        }
-    }
+    var body: MessageBody<PKZMQComponent>
 
     /// The data and port components, in order.
     public var components: [PKZMQComponent] {
-        get {
-            switch body {
-            case .bytes(let bytes): [.data(bytes)]
-            case .components(let all): all
-            }
-        }
-        set { body = Body(newValue) }
-        // Changed in place, the array is moved out and back: not copied for every change.
-        _modify {
-            var all: [PKZMQComponent]
-            switch body {
-            case .bytes(let bytes): all = [.data(bytes)]
-            case .components(let existing): all = existing
-            }
-            body = .components([])
-            defer { body = Body(all) }
-            yield &all
-        }
+        get { body.components }
+        set { body.components = newValue }
+        _modify { yield &body.components }
     }
 
     /// A message.
     public init(msgid: UInt32, components: [PKZMQComponent] = [], replyPort: PKZMQSendPort? = nil) {
         self.msgid = msgid
         self.replyPort = replyPort
-        self.body = Body(components)
+        self.body = MessageBody(components)
     }
 
     /// A message whose one component is `bytes`.
@@ -106,28 +75,16 @@ public struct PKZMQMessage: Sendable {
 
     /// The bytes of every data component, concatenated (a message of one data component hands
     /// out its bytes as they are, with no copy).
-    public var data: [UInt8] {
-        switch body {
-        case .bytes(let bytes):
-            return bytes
-        case .components(let all):
-            var bytes: [UInt8] = []
-            for case .data(let chunk) in all { bytes.append(contentsOf: chunk) }
-            return bytes
-        }
-    }
+    public var data: [UInt8] { body.data }
 
     /// The data components decoded as UTF-8 text (invalid sequences repaired).
     public var text: String { String(decoding: data, as: UTF8.self) }
 
     /// The port components, in order.
-    public var ports: [PKZMQSendPort] {
-        switch body {
-        case .bytes: []
-        case .components(let all): all.compactMap(\.port)
-        }
-    }
+    public var ports: [PKZMQSendPort] { body.ports }
 }
+
+extension PKZMQComponent: MessageComponent {}
 
 extension PKZMQMessage: CustomReflectable {
     /// The message as its fields read (`print`, `dump`), whatever the shape it is held in.

@@ -30,45 +30,13 @@ public struct PKPortMessage: Sendable {
     /// Where replies go, if the sender wants any.
     public var replyPort: PKSendPort?
     /// The components, the usual shape held without an array.
-    var body: Body
-
-    /// How a message holds its components.
-    enum Body: Sendable {
-        /// Exactly one component, a data component: these bytes.
-        case bytes([UInt8])
-        /// Any other shape: none, several, or ports among them.
-        case components([PKPortComponent])
-
-        init(_ components: [PKPortComponent]) {
-            if components.count == 1, case .data(let bytes) = components[0] {
-                self = .bytes(bytes)
-            } else {
-                self = .components(components)
-            }
-        }
-    }
+    var body: MessageBody<PKPortComponent>
 
     /// The data and port components, in order.
     public var components: [PKPortComponent] {
-        get {
-            switch body {
-            case .bytes(let bytes): [.data(bytes)]
-            case .components(let all): all
-            }
-        }
-        set { body = Body(newValue) }
-        // Changed in place (`append`, a subscript), the array is moved out of the message and
-        // back, so it stays uniquely referenced and is not copied for every change.
-        _modify {
-            var all: [PKPortComponent]
-            switch body {
-            case .bytes(let bytes): all = [.data(bytes)]
-            case .components(let existing): all = existing
-            }
-            body = .components([])
-            defer { body = Body(all) }
-            yield &all
-        }
+        get { body.components }
+        set { body.components = newValue }
+        _modify { yield &body.components }
     }
 
     /// A message.
@@ -80,7 +48,7 @@ public struct PKPortMessage: Sendable {
     public init(msgid: UInt32, components: [PKPortComponent] = [], replyPort: PKSendPort? = nil) {
         self.msgid = msgid
         self.replyPort = replyPort
-        self.body = Body(components)
+        self.body = MessageBody(components)
     }
 
     /// A message whose one component is `bytes`.
@@ -92,35 +60,16 @@ public struct PKPortMessage: Sendable {
 
     /// The bytes of every data component, concatenated (a message of one data component hands
     /// out its bytes as they are, with no copy).
-    public var data: [UInt8] {
-        switch body {
-        case .bytes(let bytes):
-            return bytes
-        case .components(let all):
-            var bytes: [UInt8] = []
-            for case .data(let chunk) in all { bytes.append(contentsOf: chunk) }
-            return bytes
-        }
-    }
+    public var data: [UInt8] { body.data }
 
     /// The data components decoded as UTF-8 text (invalid sequences repaired).
     public var text: String { String(decoding: data, as: UTF8.self) }
 
     /// The port components, in order.
-    public var ports: [PKSendPort] {
-        switch body {
-        case .bytes: []
-        case .components(let all): all.compactMap(\.port)
-        }
-    }
+    public var ports: [PKSendPort] { body.ports }
 
     /// How many components the message has (without making the array).
-    var componentCount: Int {
-        switch body {
-        case .bytes: 1
-        case .components(let all): all.count
-        }
-    }
+    var componentCount: Int { body.count }
 }
 
 extension PKPortMessage: CustomReflectable {

@@ -201,7 +201,7 @@ extension PKZMQMessage {
         self.replyPort = decoded.reply.map { PKZMQSendPort(address: $0) }
         switch decoded.body {
         case .bytes(let bytes): body = .bytes(bytes)
-        case .components(let all): body = Body(all)
+        case .components(let all): body = MessageBody(all)
         }
     }
 
