@@ -70,8 +70,19 @@ extension PKRunLoop {
     ///
     /// `nil` when its thread could not be started (the process is out of threads, memory or
     /// descriptors); a send then writes its pending bytes itself, waiting for room.
-    static var flusher: PKRunLoop? { flusherLoop?.loop }
+    static var flusher: PKRunLoop? {
+        if flusherRefused.load(ordering: .relaxed) { return nil }
+        return flusherLoop?.loop
+    }
+
+    /// Makes `flusher` `nil` from now on, as in a process that could not start its thread: for
+    /// tests of that case, in a child process of their own (a full descriptor table or a lowered
+    /// address-space limit does not stop a thread reliably: glibc reuses cached thread stacks,
+    /// and a descriptor someone else closes is taken).
+    static func refuseFlusher() { flusherRefused.store(true, ordering: .relaxed) }
 }
+
+private let flusherRefused = Atomic<Bool>(false)
 
 private final class DedicatedLoop: Sendable {
     let loop: PKRunLoop

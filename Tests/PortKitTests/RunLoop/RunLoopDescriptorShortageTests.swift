@@ -101,7 +101,7 @@ extension RunLoopTests {
 
 /// Lowers the process's descriptor limit to a few above those open, and opens descriptors until
 /// none is left; `release()` closes them and restores the limit. For a child process only.
-struct DescriptorTableFiller {
+private struct DescriptorTableFiller {
     private let saved: rlimit
     private var fillers: [Int32] = []
 
