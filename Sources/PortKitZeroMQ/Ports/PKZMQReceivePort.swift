@@ -199,10 +199,7 @@ extension PKZMQMessage {
     init(_ decoded: ZMQDecoded<PKZMQComponent>) {
         self.msgid = decoded.msgid
         self.replyPort = decoded.reply.map { PKZMQSendPort(address: $0) }
-        switch decoded.body {
-        case .bytes(let bytes): body = .bytes(bytes)
-        case .components(let all): body = MessageBody(all)
-        }
+        body = decoded.body
     }
 
     /// A message decoded with its ports as addresses (the fuzzer's), as a receive port would
@@ -223,7 +220,6 @@ extension PKZMQMessage {
 /// A receive port decodes straight into the components it delivers; a port's address becomes a
 /// send right (connected on first use).
 extension PKZMQComponent: ZMQDecodableComponent {
-    static func decoded(data: [UInt8]) -> Self { .data(data) }
     static func decoded(port: ZMQPortAddress) -> Self { .port(PKZMQSendPort(address: port)) }
 }
 #endif

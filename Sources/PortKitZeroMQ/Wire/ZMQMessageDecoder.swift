@@ -5,17 +5,19 @@
 // rest of its frames, if it has more, and starts afresh with the next message. No sockets here:
 // the tests feed it frames by hand.
 
-/// A component as the decoder makes it: from bytes, or from a port's address. The receive ports
-/// decode straight into `PKZMQComponent` (no second array per message); the tests and the
-/// fuzzer into `ZMQWireComponent`, whose ports stay addresses.
-protocol ZMQDecodableComponent {
-    static func decoded(data: [UInt8]) -> Self
+import PortKit
+
+/// A component as the decoder makes it: from bytes (`MessageComponent.data(_:)`), or from a
+/// port's address. The receive ports decode straight into `PKZMQComponent` (no second array
+/// per message); the tests and the fuzzer into `ZMQWireComponent`, whose ports stay addresses.
+protocol ZMQDecodableComponent: MessageComponent {
     static func decoded(port: ZMQPortAddress) -> Self
 }
 
 extension ZMQWireComponent: ZMQDecodableComponent {
-    static func decoded(data: [UInt8]) -> Self { .data(data) }
     static func decoded(port: ZMQPortAddress) -> Self { .port(port) }
+    var data: [UInt8]? { if case .data(let bytes) = self { bytes } else { nil } }
+    var port: ZMQPortAddress? { if case .port(let address) = self { address } else { nil } }
 }
 
 /// A message as decoded from the wire, its reply port still an address.
@@ -23,15 +25,16 @@ struct ZMQDecoded<Component: ZMQDecodableComponent> {
     var msgid: UInt32
     /// The port id the message is for, at the receiving endpoint.
     var destination: UInt64
-    /// The components; one data component (the usual message) is its bytes alone, with no array.
-    var body: ZMQDecodedBody<Component>
+    /// The components; one data component (the usual message) is its bytes alone, with no
+    /// array, as a message holds them (`MessageBody`).
+    var body: MessageBody<Component>
     var reply: ZMQPortAddress?
 
     init(msgid: UInt32, destination: UInt64, components: [Component], reply: ZMQPortAddress?) {
-        self.init(msgid: msgid, destination: destination, body: .components(components), reply: reply)
+        self.init(msgid: msgid, destination: destination, body: MessageBody(components), reply: reply)
     }
 
-    init(msgid: UInt32, destination: UInt64, body: ZMQDecodedBody<Component>, reply: ZMQPortAddress?) {
+    init(msgid: UInt32, destination: UInt64, body: MessageBody<Component>, reply: ZMQPortAddress?) {
         self.msgid = msgid
         self.destination = destination
         self.body = body
@@ -40,43 +43,19 @@ struct ZMQDecoded<Component: ZMQDecodableComponent> {
 
     /// The components, in order (made into an array for a message of one data component).
     var components: [Component] {
-        get {
-            switch body {
-            case .bytes(let bytes): [.decoded(data: bytes)]
-            case .components(let all): all
-            }
-        }
-        set { body = .components(newValue) }
-        // Changed in place (the fuzzer appends), the array is moved out and back: not copied.
-        _modify {
-            var all: [Component]
-            switch body {
-            case .bytes(let bytes): all = [.decoded(data: bytes)]
-            case .components(let existing): all = existing
-            }
-            body = .components([])
-            defer { body = .components(all) }
-            yield &all
-        }
+        get { body.components }
+        set { body.components = newValue }
+        _modify { yield &body.components }
     }
 }
 
-/// How a decoded message holds its components.
-enum ZMQDecodedBody<Component> {
-    /// Exactly one component, a data component: these bytes.
-    case bytes([UInt8])
-    /// Any other shape.
-    case components([Component])
-}
-
 extension ZMQDecoded: Equatable where Component: Equatable {
-    /// Equal when they decode to the same message, however each holds its components.
+    /// Equal when they decode to the same message.
     static func == (lhs: Self, rhs: Self) -> Bool {
         lhs.msgid == rhs.msgid && lhs.destination == rhs.destination && lhs.reply == rhs.reply
             && lhs.components == rhs.components
     }
 }
-extension ZMQDecodedBody: Sendable where Component: Sendable {}
 extension ZMQDecoded: Sendable where Component: Sendable {}
 
 /// A decoded message whose ports are all still addresses.
@@ -199,7 +178,7 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
             guard left > 0 else { return .failure(Reason(text: "the message ends before the components its header announces")) }
             switch frame[offset] {
             case ZMQWireFormat.typeData:
-                return data(bytes: &bytes, limits: limits).map { .decoded(data: $0) }
+                return data(bytes: &bytes, limits: limits).map { .data($0) }
             case ZMQWireFormat.typePort:
                 ports += 1
                 guard ports <= limits.maxPorts else { return .failure(Reason(text: "more than \(limits.maxPorts) ports")) }

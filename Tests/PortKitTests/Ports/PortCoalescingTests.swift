@@ -94,7 +94,6 @@ import Testing
             await #expect(processExitsWith: .success) {
                 PKRunLoop.refuseFlusher()
                 let count = 20_000
-                let go = TestLatch<Bool>()
                 let published = TestLatch<PKSendPort>()
                 let outcome = Locked<String?>(nil)
                 let receiver = TestThread(name: "slow-receiver") {
@@ -126,8 +125,7 @@ import Testing
                     port.invalidate()
                 }
                 let sender = TestThread(name: "sender") {
-                    guard let right = try? published.wait(timeout: patience(.seconds(10))),
-                          (try? go.wait(timeout: patience(.seconds(10)))) != nil else { return }
+                    guard let right = try? published.wait(timeout: patience(.seconds(10))) else { return }
                     let payload = [UInt8](repeating: 7, count: 64)
                     for seq in UInt32(0)..<UInt32(count) {
                         do { try right.send(PKPortMessage(msgid: seq, data: payload), timeout: patience(.seconds(30))) } catch {
@@ -136,7 +134,6 @@ import Testing
                         }
                     }
                 }
-                go.set(true)
                 var failures: [String] = []
                 do {
                     try sender.joinPatiently(timeout: .seconds(120))
