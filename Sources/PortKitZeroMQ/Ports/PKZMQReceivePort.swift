@@ -32,8 +32,10 @@ public final class PKZMQReceivePort: @unchecked Sendable, CustomStringConvertibl
     /// The limits the port enforces on what it receives.
     public let limits: PKPortLimits
 
-    /// Called on the loop's thread with each message.
-    public var handler: (PKZMQMessage) -> Void
+    /// Called on the loop's thread with each message. Loop-only, like every handler here, so
+    /// it skips the run-time exclusivity check (a delivery's most expensive step after the
+    /// decoding).
+    @exclusivity(unchecked) public var handler: (PKZMQMessage) -> Void
     /// Called once on the loop's thread when the port becomes invalid.
     public var onInvalidation: (() -> Void)?
     /// Called on the loop's thread for each message dropped for breaking protocol.md's rules

@@ -3,6 +3,7 @@
 // validity; the connection under it is shared per endpoint and made on first use.
 
 import PortKit
+import Synchronization
 
 /// A send right to a ZeroMQ port (the remote port of `PKSendPort`'s model, over ZeroMQ).
 ///
@@ -87,8 +88,7 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
     ///
     /// - Throws: as `send(_:before:)`.
     func send(_ message: PKZMQMessage, reply: ZMQPortAddress?, on connection: ZMQConnection, before deadline: PKDeadline) throws(PKError) {
-        let destination = right.endpoint
-        let replyAddress = reply ?? message.replyPort?.address(toward: destination)
+        let replyAddress = reply ?? message.replyPort?.address(toward: right.endpoint)
         switch message.body {
         case .bytes(let bytes):
             // One data component (the usual message): encoded as it is, with no array made.
@@ -99,7 +99,7 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
             let components = all.map { component -> ZMQWireComponent in
                 switch component {
                 case .data(let bytes): .data(bytes)
-                case .port(let port): .port(port.address(toward: destination))
+                case .port(let port): .port(port.address(toward: right.endpoint))
                 }
             }
             try send(msgid: message.msgid, components: components, reply: replyAddress, on: connection, before: deadline)
@@ -152,6 +152,11 @@ final class ZMQSendRight: Sendable {
     let address: ZMQPortAddress
     let endpoint: ZMQEndpoint
     private let state = ZMQMutex<State>(State())
+    /// The connection once made (`state` keeps it for the right's whole life), and whether the
+    /// right was invalidated, both stored under `state`'s lock: a send reads them with two loads
+    /// instead of taking the lock.
+    private let madeConnection = Atomic<Unmanaged<ZMQConnection>?>(nil)
+    private let invalidated = Atomic<Bool>(false)
 
     private struct State {
         var connection: ZMQConnection?
@@ -190,19 +195,28 @@ final class ZMQSendRight: Sendable {
     /// - Throws: `.invalidPort` if the right was invalidated; errors making the connection;
     ///   what `body` throws.
     func withConnection<R>(_ body: (ZMQConnection) throws(PKError) -> R) throws(PKError) -> R {
-        let connection = try state.withLock { state throws(PKError) -> Unmanaged<ZMQConnection> in
-            if let reason = state.invalidReason { throw PKError(.invalidPort, "cannot use the send right to \(endpoint): \(reason)") }
-            if let connection = state.connection { return .passUnretained(connection) }
-            let connection = try ZMQConnectionCache.shared.connection(to: endpoint)
-            state.connection = connection
-            return .passUnretained(connection)
-        }
+        let made = invalidated.load(ordering: .acquiring) ? nil : madeConnection.load(ordering: .acquiring)
+        let connection: Unmanaged<ZMQConnection>
+        if let made { connection = made } else { connection = try lockedConnection() }
         let result = withExtendedLifetime(self) {
             connection._withUnsafeGuaranteedRef { connection in
                 Result { () throws(PKError) -> R in try body(connection) }
             }
         }
         return try result.get()
+    }
+
+    /// `withConnection`'s way when the right is new or invalid: under the lock.
+    @inline(never)
+    private func lockedConnection() throws(PKError) -> Unmanaged<ZMQConnection> {
+        try state.withLock { state throws(PKError) -> Unmanaged<ZMQConnection> in
+            if let reason = state.invalidReason { throw PKError(.invalidPort, "cannot use the send right to \(endpoint): \(reason)") }
+            if let connection = state.connection { return .passUnretained(connection) }
+            let connection = try ZMQConnectionCache.shared.connection(to: endpoint)
+            state.connection = connection
+            madeConnection.store(.passUnretained(connection), ordering: .releasing)
+            return .passUnretained(connection)
+        }
     }
 
     var isValid: Bool {
@@ -224,6 +238,7 @@ final class ZMQSendRight: Sendable {
     func invalidate(_ reason: String) {
         state.withLock { state in
             if state.invalidReason == nil { state.invalidReason = reason }
+            invalidated.store(true, ordering: .releasing)
         }
     }
 }

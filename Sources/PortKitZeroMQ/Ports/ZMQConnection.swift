@@ -12,6 +12,7 @@
 // messages wait for it until their send deadline.
 
 import PortKit
+import Synchronization
 
 final class ZMQConnection: @unchecked Sendable {
     let endpoint: ZMQEndpoint
@@ -20,6 +21,9 @@ final class ZMQConnection: @unchecked Sendable {
     /// Wakes a send that waits for room when the connection dies.
     private let interrupt: InterruptSignal
     private let state = ZMQMutex<State>(State())
+    /// Set, under `state`'s lock, when `deadReason` is: a live connection answers `deadReason`
+    /// (every send asks) with one load instead of a lock.
+    private let isDead = Atomic<Bool>(false)
 
     private struct State {
         var established = false
@@ -41,7 +45,10 @@ final class ZMQConnection: @unchecked Sendable {
     }
 
     /// Why the connection died, or nil while it lives. Safe from any thread.
-    var deadReason: String? { state.withLock { $0.deadReason } }
+    var deadReason: String? {
+        guard isDead.load(ordering: .acquiring) else { return nil }
+        return state.withLock { $0.deadReason }
+    }
 
     /// Whether the ZMTP handshake with the peer has succeeded.
     var isEstablished: Bool { state.withLock { $0.established } }
@@ -56,8 +63,12 @@ final class ZMQConnection: @unchecked Sendable {
         try socket.withLock { socket throws(PKError) in
             while true {
                 if let reason = deadReason { throw PKError(.invalidPort, "cannot send to \(endpoint): \(reason)") }
-                guard let socket else { throw PKError(.invalidPort, "cannot send to \(endpoint): the connection is closed") }
-                if try socket.send(&frame) { return }
+                // Used in place (`socket?.`), not bound to a constant: a binding would retain it.
+                guard let sent = try socket?.send(&frame) else {
+                    throw PKError(.invalidPort, "cannot send to \(endpoint): the connection is closed")
+                }
+                if sent { return }
+                guard let socket else { continue }
                 // The edge rule for sending: read ZMQ_EVENTS (which rearms ZMQ_FD) and try again
                 // while it shows room; only then sleep on ZMQ_FD.
                 if socket.events.canSend { continue }
@@ -112,6 +123,7 @@ final class ZMQConnection: @unchecked Sendable {
         let (handlers, waiting) = state.withLock { state -> ([@Sendable (String) -> Void], [@Sendable (Bool) -> Void]) in
             guard state.deadReason == nil else { return ([], []) }
             state.deadReason = reason
+            isDead.store(true, ordering: .releasing)
             defer {
                 state.deathHandlers = [:]
                 state.establishedHandlers = []

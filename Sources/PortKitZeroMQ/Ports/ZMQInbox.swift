@@ -277,6 +277,8 @@ final class ZMQInbox: @unchecked Sendable {
     /// Receives until a receive finds nothing, `budget` messages at most; if input remains,
     /// signals the inbox's own source so the next pass continues. Loop-only.
     func drain() {
+        // Loaded once a wake-up, not once a message (a retain and a release each).
+        let onMessage = self.onMessage
         for _ in 0..<Self.budget {
             switch receiveOne() {
             case .none: return

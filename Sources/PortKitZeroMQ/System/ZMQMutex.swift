@@ -1,7 +1,9 @@
 #if ZeroMQ
 // The ZeroMQ transport's lock: Synchronization's `Mutex` with hand-offs ThreadSanitizer can see
 // (a contended `Mutex` hands the lock over in the kernel, out of the sanitizer's sight; an
-// acquire/release pair on an atomic inside the critical section gives it the edge it misses).
+// acquiring load and a releasing store of an atomic inside the critical section give it the
+// edge it misses). A load and a store, not two read-modify-writes: on x86 they are plain moves,
+// where each locked instruction cost about 4.5 ns here, two a lock, several locks a message.
 //
 // Why not the core's `PKMutex` (a futex lock of PortKit's own): a generic of another module
 // reaches this one without its body (PortKit's serialized module carries none for
@@ -25,8 +27,10 @@ struct ZMQMutex<Value: ~Copyable>: ~Copyable, @unchecked Sendable {
         _ body: (inout sending Value) throws(E) -> sending Result
     ) throws(E) -> sending Result {
         try mutex.withLock { (value: inout sending Value) throws(E) -> sending Result in
-            _ = handOff.wrappingAdd(1, ordering: .acquiring)
-            defer { _ = handOff.wrappingAdd(1, ordering: .releasing) }
+            // The value stored is of no interest: the sanitizer orders each releasing store
+            // before the acquiring load that reads it, that is, one holder before the next.
+            _ = handOff.load(ordering: .acquiring)
+            defer { handOff.store(0, ordering: .releasing) }
             return try body(&value)
         }
     }
