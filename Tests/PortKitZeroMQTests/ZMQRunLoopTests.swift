@@ -79,6 +79,33 @@ import PortKit
         }
     }
 
+    /// A handler that replaces the port's handler hands the messages after it to the new one,
+    /// within one wake-up's batch too (a batch keeps the handler it loaded until one changes
+    /// it): first with a batch of three made by hand, then through a socket.
+    @Test func aHandlerReplacedByAHandlerTakesTheNextMessage() throws {
+        let got = try onLoopThread { loop in
+            var got: [String] = []
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")
+            port.handler = { message in
+                got.append("first \(message.msgid)")
+                port.handler = { got.append("second \($0.msgid)") }
+            }
+            defer { port.invalidate() }
+            try loop.add(port, forMode: .default)
+            var batch = (1...3).map { ZMQDecoded<PKZMQComponent>(msgid: UInt32($0), destination: 0, components: [], reply: nil) }[...]
+            port.inbox.onMessages { batch.popFirst() }
+
+            port.handler = { message in
+                got.append("third \(message.msgid)")
+                port.handler = { got.append("fourth \($0.msgid)") }
+            }
+            try preload(port.makeSendRight(), 3)
+            try run(loop, until: "three messages through the socket") { got.count == 6 }
+            return got
+        }
+        #expect(got == ["first 1", "second 2", "second 3", "third 0", "fourth 1", "fourth 2"])
+    }
+
     @Test func aFloodYieldsToOtherSourcesBetweenBudgets() throws {
         try onLoopThread { loop in
             var received = 0

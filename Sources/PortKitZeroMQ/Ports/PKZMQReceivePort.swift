@@ -33,9 +33,13 @@ public final class PKZMQReceivePort: @unchecked Sendable, CustomStringConvertibl
     public let limits: PKPortLimits
 
     /// Called on the loop's thread with each message. Loop-only, like every handler here, so
-    /// it skips the run-time exclusivity check (a delivery's most expensive step after the
-    /// decoding).
-    @exclusivity(unchecked) public var handler: (PKZMQMessage) -> Void
+    /// it skips the run-time exclusivity check.
+    @exclusivity(unchecked) public var handler: (PKZMQMessage) -> Void {
+        didSet { handlerChanges &+= 1 }
+    }
+    /// Counts changes of `handler`: a wake-up's delivery loads the handler once (a retain and
+    /// a release) and again only when a handler it called changed it.
+    @exclusivity(unchecked) private var handlerChanges: UInt64 = 0
     /// Called once on the loop's thread when the port becomes invalid.
     public var onInvalidation: (() -> Void)?
     /// Called on the loop's thread for each message dropped for breaking protocol.md's rules
@@ -112,7 +116,7 @@ public final class PKZMQReceivePort: @unchecked Sendable, CustomStringConvertibl
             state.loop = loop
         }
         if shared.withLock({ $0.modes.isEmpty }) {
-            inbox.onMessage = { [unowned self] in self.deliver($0) }
+            inbox.onMessages = { [unowned self] in self.deliver($0) }
             inbox.onViolation = { [unowned self] in self.violation($0) }
             inbox.onCancel = { [unowned self] in self.invalidateOnLoop() }
         }
@@ -128,12 +132,21 @@ public final class PKZMQReceivePort: @unchecked Sendable, CustomStringConvertibl
         if remaining.isEmpty { keptByLoop = nil }
     }
 
-    private func deliver(_ decoded: ZMQDecoded<PKZMQComponent>) {
-        guard decoded.destination == 0 else {
-            violation("the message is for port id \(decoded.destination), and a receive port is port id 0 at its endpoint")
-            return
+    /// Hands a wake-up's messages to the handler, reloading it only after a handler changed it.
+    private func deliver(_ next: () -> ZMQDecoded<PKZMQComponent>?) {
+        var handler = self.handler
+        var changes = handlerChanges
+        while let decoded = next() {
+            guard decoded.destination == 0 else {
+                violation("the message is for port id \(decoded.destination), and a receive port is port id 0 at its endpoint")
+                continue
+            }
+            handler(PKZMQMessage(decoded))
+            if handlerChanges != changes {
+                handler = self.handler
+                changes = handlerChanges
+            }
         }
-        handler(PKZMQMessage(decoded))
     }
 
     private func violation(_ reason: String) {
@@ -198,7 +211,7 @@ extension PKRunLoop {
 extension PKZMQMessage {
     /// A message off the wire, its components made by the decoder: its reply port's address
     /// becomes a send right (connected on first use).
-    init(_ decoded: ZMQDecoded<PKZMQComponent>) {
+    init(_ decoded: consuming ZMQDecoded<PKZMQComponent>) {
         self.msgid = decoded.msgid
         self.replyPort = decoded.reply.map { PKZMQSendPort(address: $0) }
         body = decoded.body

@@ -97,8 +97,11 @@ final class ZMQInbox: @unchecked Sendable {
     private var again: PKCustomSource?
     private weak var loop: PKRunLoop?
     private var modes: Set<PKRunLoopMode> = []
-    /// Called on the loop with each valid message, and with the reason of each dropped one.
-    var onMessage: (ZMQDecoded<PKZMQComponent>) -> Void = { _ in }
+    /// Called on the loop once a wake-up with the messages that arrived: it takes each valid
+    /// one from `next` until `next` says nil. One call a wake-up, not a message: the receiver
+    /// retains itself and loads its handler once for a whole batch.
+    var onMessages: (_ next: () -> ZMQDecoded<PKZMQComponent>?) -> Void = ZMQInbox.dropAll
+    /// Called on the loop with the reason of each dropped message.
     var onViolation: (String) -> Void = { _ in }
     /// Called on the loop if the loop drops the inbox's sources (its thread ended).
     var onCancel: () -> Void = {}
@@ -247,7 +250,7 @@ final class ZMQInbox: @unchecked Sendable {
         fdSource = nil
         let again = self.again
         self.again = nil
-        onMessage = { _ in }
+        onMessages = ZMQInbox.dropAll
         onViolation = { _ in }
         onCancel = {}
         let io = self.io
@@ -277,17 +280,28 @@ final class ZMQInbox: @unchecked Sendable {
     /// Receives until a receive finds nothing, `budget` messages at most; if input remains,
     /// signals the inbox's own source so the next pass continues. Loop-only.
     func drain() {
-        // Loaded once a wake-up, not once a message (a retain and a release each).
-        let onMessage = self.onMessage
-        for _ in 0..<Self.budget {
-            switch receiveOne() {
-            case .none: return
-            case .message(let message): onMessage(message)
-            case .violation(let reason): onViolation(reason)
-            case .skipped: break
+        var left = Self.budget
+        var inputMayRemain = true
+        onMessages {
+            while left > 0 {
+                left -= 1
+                switch receiveOne() {
+                case .none:
+                    inputMayRemain = false
+                    return nil
+                case .message(let message): return message
+                case .violation(let reason): onViolation(reason)
+                case .skipped: break
+                }
             }
+            return nil
         }
-        if isOpen, let loop { again?.signal(waking: loop) }
+        if inputMayRemain, isOpen, let loop { again?.signal(waking: loop) }
+    }
+
+    /// What an inbox without a receiver does with a wake-up's messages: drops them.
+    static func dropAll(_ next: () -> ZMQDecoded<PKZMQComponent>?) {
+        while next() != nil {}
     }
 
     private enum Received {
@@ -301,21 +315,24 @@ final class ZMQInbox: @unchecked Sendable {
     /// message (a system call each).
     private func receiveOne() -> Received {
         io.mutex.withLock { io -> Received in
-            guard let socket = io.socket else { return .none }
+            // The socket is used in place (`io.socket?.`), not bound to a constant: a binding
+            // would retain and release it for every message.
+            var decoder = io.decoder
+            defer { io.decoder = decoder }
             var outcome = Received.none
             while true {
                 var more = false
                 var output = ZMQDecoder<PKZMQComponent>.Output.needMore
-                let got: Bool
+                let got: Bool?
                 do throws(PKError) {
-                    got = try socket.receiveFrame { bytes, hasMore in
+                    got = try io.socket?.receiveFrame { bytes, hasMore in
                         more = hasMore
-                        output = io.decoder.consume(bytes, more: hasMore)
+                        output = decoder.consume(bytes, more: hasMore)
                     }
                 } catch {
                     return .violation("receiving failed: \(error)")
                 }
-                guard got else { return outcome }
+                guard got == true else { return outcome }
                 if case .none = outcome { outcome = .skipped }
                 switch output {
                 case .needMore: break

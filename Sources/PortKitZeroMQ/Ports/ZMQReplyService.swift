@@ -33,7 +33,9 @@ final class ZMQReplyService: Sendable {
         inbox = try ZMQInbox(limits: .default)
         let inbox = self.inbox
         PKRunLoop.background.perform(inModes: [.common]) { [self] in
-            inbox.onMessage = { [self] message in self.deliver(message) }
+            inbox.onMessages = { [self] next in
+                while let reply = next() { self.deliver(reply) }
+            }
             inbox.onViolation = { reason in
                 Logger(label: "PortKitZeroMQ.replies").warning("dropped a reply: \(reason)")
             }
@@ -84,7 +86,7 @@ final class ZMQReplyService: Sendable {
     }
 
     /// On the background loop: a reply arrived.
-    private func deliver(_ decoded: ZMQDecoded<PKZMQComponent>) {
+    private func deliver(_ decoded: consuming ZMQDecoded<PKZMQComponent>) {
         guard let waiter = waiters.withLock({ $0.removeValue(forKey: decoded.destination) }) else { return }
         waiter.finish(.reply(PKZMQMessage(decoded)))
     }
