@@ -71,6 +71,26 @@ import PortKit
         #expect(message.components == [.port(port)])
     }
 
+    /// A sender's shortcut for one data component and no reply port (`measureData`,
+    /// `writeData`) makes the same frame as the general encoder, and checks the same limit.
+    @Test func theOneDataComponentShortcutWritesWhatTheEncoderWrites() throws {
+        for count in [0, 1, 64, 1000] {
+            let payload = (0..<count).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+            let size = try ZMQMessageEncoder.measureData(byteCount: count, limits: Self.limits)
+            let shortcut = [UInt8](unsafeUninitializedCapacity: size) { buffer, written in
+                payload.withUnsafeBytes { data in
+                    ZMQMessageEncoder.writeData(msgid: 9, destination: 4, data, into: UnsafeMutableRawBufferPointer(buffer))
+                }
+                written = size
+            }
+            #expect(shortcut == (try ZMQMessageEncoder.frame(msgid: 9, destination: 4, components: [.data(payload)], reply: nil)))
+        }
+        var small = PKPortLimits()
+        small.maxMessageBytes = 10
+        #expect(throws: PKError.self) { try ZMQMessageEncoder.measureData(byteCount: 11, limits: ZMQWireLimits(small)) }
+        #expect((try? ZMQMessageEncoder.measureData(byteCount: 10, limits: ZMQWireLimits(small))) == 24 + 5 + 10)
+    }
+
     @Test func emptyMessageIsTheHeaderAlone() throws {
         let bytes = try encode(1, [])
         #expect(bytes.count == 24)

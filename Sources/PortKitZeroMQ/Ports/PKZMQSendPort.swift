@@ -90,8 +90,22 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
     func send(_ message: PKZMQMessage, reply: ZMQPortAddress?, on connection: ZMQConnection, before deadline: PKDeadline) throws(PKError) {
         let replyAddress = reply ?? message.replyPort?.address(toward: right.endpoint)
         switch message.body {
+        case .bytes(let bytes) where replyAddress == nil:
+            // One data component and no reply port (the usual message): measured and written
+            // without a pass over components.
+            let byteCount = try ZMQMessageEncoder.measureData(byteCount: bytes.count, limits: Self.limits)
+            let (msgid, destination) = (message.msgid, portID)
+            let sent = bytes.withUnsafeBytes { data in
+                Result { () throws(PKError) in
+                    let frame = try ZMQOutgoingFrame(byteCount: byteCount) { frame in
+                        ZMQMessageEncoder.writeData(msgid: msgid, destination: destination, data, into: frame)
+                    }
+                    try connection.send(frame, before: deadline)
+                }
+            }
+            try sent.get()
         case .bytes(let bytes):
-            // One data component (the usual message): encoded as it is, with no array made.
+            // One data component: encoded as it is, with no array made.
             try send(msgid: message.msgid, components: CollectionOfOne(PKZMQComponent.data(bytes)), reply: replyAddress,
                      on: connection, before: deadline)
         case .components(let all) where all.contains(where: { $0.port != nil }):

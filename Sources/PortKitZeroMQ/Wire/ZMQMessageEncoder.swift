@@ -74,30 +74,58 @@ enum ZMQMessageEncoder {
         msgid: UInt32, destination: UInt64, components: Components, reply: ZMQPortAddress?,
         into frame: UnsafeMutableRawBufferPointer
     ) where Components.Element: ZMQEncodableComponent {
-        frame.storeLittleEndian(ZMQWireFormat.magicWord, at: 0)
-        frame.storeLittleEndian(ZMQWireFormat.version, at: 4)
-        frame.storeLittleEndian(reply == nil ? UInt16(0) : ZMQWireFormat.flagReplyPort, at: 6)
-        frame.storeLittleEndian(msgid, at: 8)
-        frame.storeLittleEndian(UInt16(truncatingIfNeeded: components.count), at: 12)
-        frame.storeLittleEndian(UInt16(0), at: 14)
-        frame.storeLittleEndian(destination, at: 16)
+        writeHeader(msgid: msgid, destination: destination, componentCount: components.count, hasReply: reply != nil, into: frame)
         var offset = ZMQWireFormat.headerSize
         for component in components {
             if let data = component.encodableData {
-                frame[offset] = ZMQWireFormat.typeData
-                frame.storeLittleEndian(UInt32(truncatingIfNeeded: data.count), at: offset + 1)
-                offset += ZMQWireFormat.dataPrefix
-                data.withUnsafeBytes { bytes in
-                    guard let base = bytes.baseAddress, let target = frame.baseAddress else { return }
-                    (target + offset).copyMemory(from: base, byteCount: bytes.count)
-                }
-                offset += data.count
+                offset = data.withUnsafeBytes { data in writeData(data, into: frame, at: offset) }
             } else if let address = component.encodablePort {
                 offset = writePort(address, into: frame, at: offset)
             }
         }
         if let reply { offset = writePort(reply, into: frame, at: offset) }
         precondition(offset == frame.count, "PortKitZeroMQ bug: a message was measured at \(frame.count) bytes and written in \(offset)")
+    }
+
+    /// The frame size of a message of one data component of `byteCount` bytes and no reply
+    /// port, the usual message, checked against `limits` without a pass over components.
+    ///
+    /// - Throws: `.limitExceeded`, as `measure` does.
+    static func measureData(byteCount: Int, limits: ZMQWireLimits) throws(PKError) -> Int {
+        if byteCount > limits.maxMessageBytes {
+            throw PKError(.limitExceeded, "the message holds \(byteCount) data bytes; the limit is \(limits.maxMessageBytes)")
+        }
+        return ZMQWireFormat.headerSize + ZMQWireFormat.dataPrefix + byteCount
+    }
+
+    /// Writes the frame of a message of one data component and no reply port into `frame`,
+    /// which is exactly as long as `measureData` said: the same bytes `write` makes of it.
+    static func writeData(msgid: UInt32, destination: UInt64, _ data: UnsafeRawBufferPointer, into frame: UnsafeMutableRawBufferPointer) {
+        writeHeader(msgid: msgid, destination: destination, componentCount: 1, hasReply: false, into: frame)
+        let offset = writeData(data, into: frame, at: ZMQWireFormat.headerSize)
+        precondition(offset == frame.count, "PortKitZeroMQ bug: a message was measured at \(frame.count) bytes and written in \(offset)")
+    }
+
+    private static func writeHeader(
+        msgid: UInt32, destination: UInt64, componentCount: Int, hasReply: Bool, into frame: UnsafeMutableRawBufferPointer
+    ) {
+        frame.storeLittleEndian(ZMQWireFormat.magicWord, at: 0)
+        frame.storeLittleEndian(ZMQWireFormat.version, at: 4)
+        frame.storeLittleEndian(hasReply ? ZMQWireFormat.flagReplyPort : UInt16(0), at: 6)
+        frame.storeLittleEndian(msgid, at: 8)
+        frame.storeLittleEndian(UInt16(truncatingIfNeeded: componentCount), at: 12)
+        frame.storeLittleEndian(UInt16(0), at: 14)
+        frame.storeLittleEndian(destination, at: 16)
+    }
+
+    private static func writeData(_ data: UnsafeRawBufferPointer, into frame: UnsafeMutableRawBufferPointer, at start: Int) -> Int {
+        frame[start] = ZMQWireFormat.typeData
+        frame.storeLittleEndian(UInt32(truncatingIfNeeded: data.count), at: start + 1)
+        let offset = start + ZMQWireFormat.dataPrefix
+        if let base = data.baseAddress, let target = frame.baseAddress {
+            (target + offset).copyMemory(from: base, byteCount: data.count)
+        }
+        return offset + data.count
     }
 
     private static func writePort(_ address: ZMQPortAddress, into frame: UnsafeMutableRawBufferPointer, at start: Int) -> Int {
