@@ -17,6 +17,12 @@ portkit-zmq-stream64 and zmq-stream64 (ipc:// streams; libzmq's I/O threads coun
 Writes OUTDIR/callgrind.json and, for PortKit's kinds, OUTDIR/callgrind-profile-KIND.txt: the
 per-function difference between the two runs divided by N (exclusive and inclusive), that is
 where PortKit's round trip spends its instructions.
+
+Also counts the locked instructions per round trip (a `lock` prefix, or `xchg` with memory:
+atomic read-modify-writes, each a full barrier costing about 4.5 ns on these machines against
+a fraction of a nanosecond for most instructions): callgrind's per-instruction counts
+(`--dump-instr=yes`) matched against `objdump -d` of every object the run executed. Reference
+counting, locks and libc's cancellation points are where they come from.
 """
 import json
 import os
@@ -35,7 +41,8 @@ def run(binary, kind, n, workdir):
     out = os.path.join(workdir, tag + ".%p")
     env = dict(os.environ, PKBENCH=binary, SWIFT_BACKTRACE="enable=no")
     proc = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--trace-children=yes", f"--callgrind-out-file={out}", binary, "rt", kind, str(n)],
+        ["valgrind", "--tool=callgrind", "--trace-children=yes", "--dump-instr=yes", f"--callgrind-out-file={out}",
+         binary, "rt", kind, str(n)],
         capture_output=True, text=True, env=env, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} {n}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
@@ -65,6 +72,85 @@ def functions(files, inclusive):
             name = re.sub(r"^\S*?:", "", name, count=1) if name.startswith(("???:", "./", "/")) else name
             costs[name] = costs.get(name, 0) + int(m.group(1).replace(",", ""))
     return costs
+
+
+def instruction_counts(files):
+    """Executions per (object, address) over `files` (callgrind --dump-instr=yes), not counting
+    the cost lines of calls (inclusive costs), and the function each address is in."""
+    counts, function_of = {}, {}
+    for path in files:
+        objects, functions_ = {}, {}
+        obj = fn = None
+        address = 0
+        after_call = False
+        with open(path, errors="replace") as f:
+            for line in f:
+                if line.startswith(("ob=", "cob=", "fn=", "cfn=")):
+                    m = re.match(r"(c?)(ob|fn)=\((\d+)\)(?: (.*))?", line.rstrip("\n"))
+                    table = objects if m.group(2) == "ob" else functions_
+                    if m.group(4):
+                        table[m.group(3)] = m.group(4)
+                    if not m.group(1):
+                        if m.group(2) == "ob":
+                            obj = table[m.group(3)]
+                        else:
+                            fn = table[m.group(3)]
+                    continue
+                if line.startswith("calls="):
+                    after_call = True
+                    continue
+                head = line[:1]
+                if not head or not (head.isdigit() or head in "+-*"):
+                    continue
+                parts = line.split()
+                token = parts[0]
+                if token.startswith("0x"):
+                    address = int(token, 16)
+                elif token[0] in "+-":
+                    step = int(token[1:], 16) if token[1:].startswith("0x") else int(token[1:])
+                    address += step if token[0] == "+" else -step
+                elif token != "*":
+                    address = int(token)
+                if after_call:
+                    after_call = False
+                    continue
+                if len(parts) >= 3:
+                    key = (obj, address)
+                    counts[key] = counts.get(key, 0) + int(parts[2])
+                    function_of[key] = fn
+    return counts, function_of
+
+
+_LOCKED = {}
+
+
+def locked_addresses(path):
+    """The addresses of `path`'s locked instructions (objdump -d)."""
+    if path not in _LOCKED:
+        found = set()
+        text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", path], capture_output=True, text=True).stdout
+        for line in text.splitlines():
+            m = re.match(r"\s*([0-9a-f]+):\s+(\S.*)", line)
+            if m and (m.group(2).startswith("lock ") or (m.group(2).startswith("xchg") and "(" in m.group(2))):
+                found.add(int(m.group(1), 16))
+        _LOCKED[path] = found
+    return _LOCKED[path]
+
+
+def locked(small_files, large_files, n):
+    """Locked instructions per round trip, and by function (object, name)."""
+    a, _ = instruction_counts(small_files)
+    b, function_of = instruction_counts(large_files)
+    total, by_function = 0.0, {}
+    for (obj, address), count in b.items():
+        if not obj or not obj.startswith("/") or address not in locked_addresses(obj):
+            continue
+        per = (count - a.get((obj, address), 0)) / n
+        if per > 0:
+            total += per
+            key = (os.path.basename(obj), function_of.get((obj, address)) or "?")
+            by_function[key] = by_function.get(key, 0) + per
+    return total, by_function
 
 
 def demangle(names):
@@ -103,8 +189,14 @@ def categorize(exclusive):
     return totals, other
 
 
-def profile(small, large, n, path, kind):
+def profile(small, large, n, path, kind, locked_by_function):
     lines = [f"# {kind}: instructions per round trip by function ((2N run - N run) / N, N = {n})", ""]
+    top = sorted(((v, k) for k, v in locked_by_function.items() if v >= 0.05), reverse=True)
+    names = demangle([name for _, (_, name) in top])
+    lines.append(f"## locked instructions ({sum(locked_by_function.values()):.1f}), by the function they are in")
+    for (v, (obj, _)), name in zip(top, names):
+        lines.append(f"{v:10.1f}  {name[:160]} [{obj}]")
+    lines.append("")
     a, b = functions(small, False), functions(large, False)
     exclusive = {k: (b.get(k, 0) - a.get(k, 0)) / n for k in set(a) | set(b)}
     totals, other = categorize(exclusive)
@@ -151,10 +243,14 @@ def main():
         try:
             small, small_files = run(stripped, kind, n, workdir)
             large, large_files = run(stripped, kind, 2 * n, workdir)
-            results[kind] = {"n": n, "ir_n": small, "ir_2n": large, "per_round_trip": (large - small) / n}
-            print(f"  {kind:18s} {(large - small) / n:10.0f} instructions per round trip", file=sys.stderr)
+            locked_total, locked_by_function = locked(small_files, large_files, n)
+            results[kind] = {"n": n, "ir_n": small, "ir_2n": large, "per_round_trip": (large - small) / n,
+                             "locked_per_round_trip": locked_total}
+            print(f"  {kind:18s} {(large - small) / n:10.0f} instructions per round trip, {locked_total:.1f} locked",
+                  file=sys.stderr)
             if kind.startswith("portkit"):
-                profile(small_files, large_files, n, os.path.join(outdir, f"callgrind-profile-{kind}.txt"), kind)
+                profile(small_files, large_files, n, os.path.join(outdir, f"callgrind-profile-{kind}.txt"), kind,
+                        locked_by_function)
         except Exception as error:  # record and go on: one failing kind must not hide the others
             results[kind] = {"error": str(error)[:500]}
             print(f"  {kind}: {error}", file=sys.stderr)

@@ -204,7 +204,10 @@ def main():
             ok = ratio <= 3.0
             total += 1
             met += ok
-            out.append(f"| User-space instructions per round trip, {side} | callgrind | {pk['per_round_trip']:.0f} | raw C ({'socketpair' if side == 'threads' else 'named Unix socket'}) | {c['per_round_trip']:.0f} | {ratio:.1f} x | | ≤ 3.00 x | {'yes' if ok else '**NO**'} | exact |")
+            def shown(entry):
+                locked = entry.get("locked_per_round_trip")
+                return f"{entry['per_round_trip']:.0f}" + (f" ({locked:.0f} locked)" if locked is not None else "")
+            out.append(f"| User-space instructions per round trip, {side} | callgrind | {shown(pk)} | raw C ({'socketpair' if side == 'threads' else 'named Unix socket'}) | {shown(c)} | {ratio:.1f} x | | ≤ 3.00 x | {'yes' if ok else '**NO**'} | exact |")
         else:
             err = pk.get("error") or c.get("error") or "missing"
             out.append(f"| User-space instructions per round trip, {side} | callgrind | failed: {err[:80]} | | | | | ≤ 3.00 x | not measured | |")
