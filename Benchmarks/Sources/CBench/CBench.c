@@ -15,6 +15,7 @@
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -163,6 +164,35 @@ static int write_all_nb(int fd, const void *buf, size_t len) {
 
 int cb_write_all(int fd, const void *buf, size_t len) { return write_all_nb(fd, buf, len); }
 
+// PKBENCH_C_SHAPED set (`pkbench rt c-processes-shaped`): the round trip's reads take the
+// shape of PortKit's, to measure what that shape costs the kernel on its own: `recvmsg` with
+// room for descriptors (MSG_CMSG_CLOEXEC) into a 64 KiB area, and EPOLLRDHUP watched.
+static int shaped(void) {
+    static int value = -1;
+    if (value < 0) value = getenv("PKBENCH_C_SHAPED") != NULL;
+    return value;
+}
+
+int cb_epoll_for_reading(int fd) {
+    int ep = cb_epoll_for(fd);
+    if (ep >= 0 && shaped()) {
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = fd};
+        epoll_ctl(ep, EPOLL_CTL_MOD, fd, &ev);
+    }
+    return ep;
+}
+
+static ssize_t read_some(int fd, char *p, size_t len) {
+    if (!shaped()) return read(fd, p, len);
+    static __thread char area[64 << 10];
+    static __thread char control[CMSG_SPACE(17 * sizeof(int))];
+    struct iovec iov = {.iov_base = area, .iov_len = sizeof area};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+    ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n > 0) memcpy(p, area, (size_t)n < len ? (size_t)n : len);  // a round trip has len bytes in flight
+    return n > 0 && (size_t)n > len ? (ssize_t)len : n;
+}
+
 int cb_read_exact_epoll(int epfd, int fd, void *buf, size_t len) {
     char *p = buf;
     while (len > 0) {
@@ -173,7 +203,7 @@ int cb_read_exact_epoll(int epfd, int fd, void *buf, size_t len) {
             return -1;
         }
         for (;;) {
-            ssize_t n = read(fd, p, len);
+            ssize_t n = read_some(fd, p, len);
             if (n > 0) {
                 p += n;
                 len -= (size_t)n;
@@ -273,7 +303,7 @@ struct cb_pingpong {
 static void *echo_thread(void *arg) {
     cb_pingpong *pp = arg;
     cb_pin_self(pp->server_cpu);
-    int ep = cb_epoll_for(pp->peer_fd);
+    int ep = cb_epoll_for_reading(pp->peer_fd);
     char *buf = malloc(pp->size);
     while (cb_read_exact_epoll(ep, pp->peer_fd, buf, pp->size) == 0) {
         if (write_all_nb(pp->peer_fd, buf, pp->size) != 0) break;
@@ -286,7 +316,7 @@ static void *echo_thread(void *arg) {
 static void *rt_client_thread(void *arg) {
     cb_pingpong *pp = arg;
     cb_pin_self(pp->client_cpu);
-    int ep = cb_epoll_for(pp->fd);
+    int ep = cb_epoll_for_reading(pp->fd);
     char *buf = calloc(1, pp->size);
     for (;;) {
         long n = cb_gate_take(pp->gate);
@@ -364,7 +394,7 @@ int cb_un_echo_serve(const char *path, int cpu, size_t size) {
     int fd = connect_to(path);
     if (fd < 0) return 2;
     set_nonblocking(fd);
-    int ep = cb_epoll_for(fd);
+    int ep = cb_epoll_for_reading(fd);
     char *buf = malloc(size);
     while (cb_read_exact_epoll(ep, fd, buf, size) == 0) {
         if (write_all_nb(fd, buf, size) != 0) break;

@@ -13,6 +13,7 @@
 //   pkbench rt KIND N [PLACEMENT]             N round trips after 200 warm-up ones, for
 //                                             callgrind (KIND: portkit-threads, c-threads,
 //                                             portkit-processes, c-processes; for profiles also
+//                                             c-processes-shaped (C with PortKit's recvmsg),
 //                                             portkit-threads-idle1000, portkit-request-threads,
 //                                             portkit-request-processes,
 //                                             portkit-stream64-threads (N messages), portkit-spawn;
@@ -101,6 +102,11 @@ case "rt":
         case "c-threads": workload = try CSocketpairRoundTrip(placement)
         case "portkit-processes": workload = try PortKitPair(.namedProcess, .roundTrip, placement)
         case "c-processes": workload = try CUnixSocketRoundTrip(placement)
+        case "c-processes-shaped":
+            // The raw round trip with PortKit's shape of reads (CBench.c, PKBENCH_C_SHAPED):
+            // what that shape alone costs, for docs/performance.md. The helper inherits it.
+            setenv("PKBENCH_C_SHAPED", "1", 1)
+            workload = try CUnixSocketRoundTrip(placement)
         case "portkit-threads-idle1000": workload = try PortKitPair(.thread, .roundTrip, placement, idlePorts: 1000)
         case "portkit-request-threads": workload = try PortKitPair(.thread, .request, placement)
         case "portkit-request-processes": workload = try PortKitPair(.namedProcess, .request, placement)

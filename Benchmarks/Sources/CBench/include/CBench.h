@@ -50,6 +50,8 @@ int cb_write_all(int fd, const void *buf, size_t len);
 int cb_read_exact_epoll(int epfd, int fd, void *buf, size_t len);
 /// An epoll instance watching `fd` for input.
 int cb_epoll_for(int fd);
+/// cb_epoll_for for a round trip's reads: EPOLLRDHUP too when PKBENCH_C_SHAPED is set.
+int cb_epoll_for_reading(int fd);
 
 // MARK: - Round trip (ping-pong)
 
