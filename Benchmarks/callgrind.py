@@ -19,7 +19,7 @@ per-function difference between the two runs divided by N (exclusive and inclusi
 where PortKit's round trip spends its instructions.
 
 Also counts the locked instructions per round trip (a `lock` prefix, or `xchg` with memory:
-atomic read-modify-writes, each a full barrier costing about 4.5 ns on these machines against
+atomic read-modify-writes, each a full barrier costing about 4.7 ns on these machines against
 a fraction of a nanosecond for most instructions): callgrind's per-instruction counts
 (`--dump-instr=yes`) matched against `objdump -d` of every object the run executed. Reference
 counting, locks and libc's cancellation points are where they come from.

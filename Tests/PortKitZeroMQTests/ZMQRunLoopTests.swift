@@ -81,7 +81,8 @@ import PortKit
 
     /// A handler that replaces the port's handler hands the messages after it to the new one,
     /// within one wake-up's batch too (a batch keeps the handler it loaded until one changes
-    /// it): first with a batch of three made by hand, then through a socket.
+    /// it): first with a batch of three made by hand, which is one batch for sure, then through
+    /// a socket, end to end (whether libzmq hands those over in one wake-up or several).
     @Test func aHandlerReplacedByAHandlerTakesTheNextMessage() throws {
         let got = try onLoopThread { loop in
             var got: [String] = []
@@ -104,6 +105,25 @@ import PortKit
             return got
         }
         #expect(got == ["first 1", "second 2", "second 3", "third 0", "fourth 1", "fourth 2"])
+    }
+
+    /// A violation handler that replaces the port's handler hands the next message of the
+    /// same batch to the new one: user code between two messages may change the handler.
+    @Test func aViolationHandlerThatReplacesTheHandlerIsSeenByTheNextMessage() throws {
+        let got = try onLoopThread { loop in
+            var got: [String] = []
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")
+            port.handler = { got.append("old \($0.msgid)") }
+            port.onProtocolViolation = { _ in port.handler = { got.append("new \($0.msgid)") } }
+            defer { port.invalidate() }
+            try loop.add(port, forMode: .default)
+            // The first is for a port id that is not a receive port's: a violation.
+            var batch = [ZMQDecoded<PKZMQComponent>(msgid: 1, destination: 7, components: [], reply: nil),
+                         ZMQDecoded<PKZMQComponent>(msgid: 2, destination: 0, components: [], reply: nil)][...]
+            port.inbox.onMessages { batch.popFirst() }
+            return got
+        }
+        #expect(got == ["new 2"])
     }
 
     @Test func aFloodYieldsToOtherSourcesBetweenBudgets() throws {

@@ -168,9 +168,13 @@ int cb_write_all(int fd, const void *buf, size_t len) { return write_all_nb(fd, 
 // shape of PortKit's, to measure what that shape costs the kernel on its own: `recvmsg` with
 // room for descriptors (MSG_CMSG_CLOEXEC) into a 64 KiB area, and EPOLLRDHUP watched.
 static int shaped(void) {
-    static int value = -1;
-    if (value < 0) value = getenv("PKBENCH_C_SHAPED") != NULL;
-    return value;
+    static int value = -1;  // read and written by the round trip's two threads: atomically
+    int known = __atomic_load_n(&value, __ATOMIC_RELAXED);
+    if (known < 0) {
+        known = getenv("PKBENCH_C_SHAPED") != NULL;
+        __atomic_store_n(&value, known, __ATOMIC_RELAXED);
+    }
+    return known;
 }
 
 int cb_epoll_for_reading(int fd) {
@@ -182,6 +186,9 @@ int cb_epoll_for_reading(int fd) {
     return ep;
 }
 
+// One read of at most `len` bytes into `p`. Shaped, it reads what is there into the 64 KiB area
+// and keeps the first `len` bytes: enough for a round trip, which has `len` bytes in flight,
+// and not for a stream.
 static ssize_t read_some(int fd, char *p, size_t len) {
     if (!shaped()) return read(fd, p, len);
     static __thread char area[64 << 10];

@@ -132,7 +132,8 @@ public final class PKZMQReceivePort: @unchecked Sendable, CustomStringConvertibl
         if remaining.isEmpty { keptByLoop = nil }
     }
 
-    /// Hands a wake-up's messages to the handler, reloading it only after a handler changed it.
+    /// Hands a wake-up's messages to the handler, loading it again only when it changed: user
+    /// code between two messages (a handler, `onProtocolViolation`) may have replaced it.
     private func deliver(_ next: () -> ZMQDecoded<PKZMQComponent>?) {
         var handler = self.handler
         var changes = handlerChanges
@@ -141,11 +142,8 @@ public final class PKZMQReceivePort: @unchecked Sendable, CustomStringConvertibl
                 violation("the message is for port id \(decoded.destination), and a receive port is port id 0 at its endpoint")
                 continue
             }
+            if handlerChanges != changes { (handler, changes) = (self.handler, handlerChanges) }
             handler(PKZMQMessage(decoded))
-            if handlerChanges != changes {
-                handler = self.handler
-                changes = handlerChanges
-            }
         }
     }
 

@@ -68,7 +68,7 @@ final class ZMQConnection: @unchecked Sendable {
                     throw PKError(.invalidPort, "cannot send to \(endpoint): the connection is closed")
                 }
                 if sent { return }
-                guard let socket else { continue }
+                guard let socket else { continue }  // not nil: it has just been used, under the lock
                 // The edge rule for sending: read ZMQ_EVENTS (which rearms ZMQ_FD) and try again
                 // while it shows room; only then sleep on ZMQ_FD.
                 if socket.events.canSend { continue }

@@ -97,9 +97,10 @@ final class ZMQInbox: @unchecked Sendable {
     private var again: PKCustomSource?
     private weak var loop: PKRunLoop?
     private var modes: Set<PKRunLoopMode> = []
-    /// Called on the loop once a wake-up with the messages that arrived: it takes each valid
-    /// one from `next` until `next` says nil. One call a wake-up, not a message: the receiver
-    /// retains itself and loads its handler once for a whole batch.
+    /// Called on the loop once a wake-up with the messages that arrived: it must take them from
+    /// `next` until `next` says nil (one that stopped early would leave input that makes the
+    /// loop pass again and again). One call a wake-up, not a message: the receiver retains
+    /// itself and loads its handler once for a whole batch.
     var onMessages: (_ next: () -> ZMQDecoded<PKZMQComponent>?) -> Void = ZMQInbox.dropAll
     /// Called on the loop with the reason of each dropped message.
     var onViolation: (String) -> Void = { _ in }
@@ -296,6 +297,7 @@ final class ZMQInbox: @unchecked Sendable {
             }
             return nil
         }
+        assert(left == 0 || !inputMayRemain, "PortKitZeroMQ bug: an inbox's receiver stopped before next() said nil")
         if inputMayRemain, isOpen, let loop { again?.signal(waking: loop) }
     }
 
@@ -316,7 +318,9 @@ final class ZMQInbox: @unchecked Sendable {
     private func receiveOne() -> Received {
         io.mutex.withLock { io -> Received in
             // The socket is used in place (`io.socket?.`), not bound to a constant: a binding
-            // would retain and release it for every message.
+            // would retain and release it for every message. The decoder (its limits and a
+            // flag) is copied out and back, since the frame's closure cannot reach into `io`
+            // while the socket is read through it.
             var decoder = io.decoder
             defer { io.decoder = decoder }
             var outcome = Received.none

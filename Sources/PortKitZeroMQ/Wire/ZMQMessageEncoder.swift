@@ -88,7 +88,9 @@ enum ZMQMessageEncoder {
     }
 
     /// The frame size of a message of one data component of `byteCount` bytes and no reply
-    /// port, the usual message, checked against `limits` without a pass over components.
+    /// port, the usual message, checked against `limits` without a pass over components. Only
+    /// `maxMessageBytes` can refuse it: `maxComponents` is at least 1 (`ZMQWireLimits`), and it
+    /// has no port for `maxPorts`.
     ///
     /// - Throws: `.limitExceeded`, as `measure` does.
     static func measureData(byteCount: Int, limits: ZMQWireLimits) throws(PKError) -> Int {
