@@ -38,7 +38,7 @@ public final class PKZMQReceivePort: @unchecked Sendable, CustomStringConvertibl
         didSet { handlerChanges &+= 1 }
     }
     /// Counts changes of `handler`: a wake-up's delivery loads the handler once (a retain and
-    /// a release) and again only when a handler it called changed it.
+    /// a release) and again only when user code it called changed it.
     @exclusivity(unchecked) private var handlerChanges: UInt64 = 0
     /// Called once on the loop's thread when the port becomes invalid.
     public var onInvalidation: (() -> Void)?
