@@ -193,6 +193,27 @@ import PortKit
         }
     }
 
+    /// A handler that invalidates its own port gets no other message, not even one of the
+    /// same wake-up's batch already waiting at the socket.
+    @Test func aHandlerThatInvalidatesItsPortGetsNoMoreMessages() throws {
+        let got = try onLoopThread { loop in
+            var got: [UInt32] = []
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")
+            port.handler = { message in
+                got.append(message.msgid)
+                if message.msgid == 1 { port.invalidate() }
+            }
+            // Queued before the port is scheduled, so most arrive before its first wake-up.
+            try preload(port.makeSendRight(), 10)
+            try loop.add(port, forMode: .default)
+            try run(loop, until: "the message that invalidates") { got.contains(1) }
+            // The port has left the mode, which is empty now: the run returns at once.
+            #expect(loop.run(in: .default, until: .after(.seconds(10))) == .finished)
+            return got
+        }
+        #expect(got == [0, 1])
+    }
+
     @Test func invalidationFromAnotherThreadRunsOnTheLoop() throws {
         let invalidatedOn = Locked<Int32?>(nil)
         let port = try onLoopThread { loop -> PKZMQReceivePort in
