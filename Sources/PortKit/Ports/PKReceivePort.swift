@@ -628,7 +628,10 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             // Frames that arrived before the error are still delivered, then the connection goes.
             Self.logger.notice("closing a connection that broke the protocol: \(error)")
         }
-        if connection.hasGreeting, connection.greetingDeadline == nil, let loop = runLoop, greetingTimer != nil {
+        // The timer first: `runLoop` takes the port's lock and retains the loop, whose weak
+        // references make that retain a slow one (four locked instructions an event, for a
+        // check that is false once every connection has greeted). `loop` is the port's loop.
+        if greetingTimer != nil, connection.hasGreeting, connection.greetingDeadline == nil {
             armGreetingTimer(loop)
         }
         if !connection.failed { adoptAttachedSenders(connection) }

@@ -235,16 +235,14 @@ struct WireDecoder {
     // MARK: Private
 
     private mutating func nextGreeting() throws(WireError) -> WireGreeting? {
-        let result: Result<WireGreeting?, WireError> = buffer.withUnsafeBytes { raw in
-            Result { () throws(WireError) -> WireGreeting? in
-                if raw.count < WireFormat.greetingByteCount {
-                    try WireGreeting.checkMagic(raw)
-                    return nil
-                }
-                return try WireGreeting.decode(from: raw)
+        let found = try buffer.withUnsafeBytes { (raw) throws(WireError) -> WireGreeting? in
+            if raw.count < WireFormat.greetingByteCount {
+                try WireGreeting.checkMagic(raw)
+                return nil
             }
+            return try WireGreeting.decode(from: raw)
         }
-        guard let greeting = try result.get() else {
+        guard let greeting = found else {
             try checkDescriptorsAhead(partialFrameClaim: 0)
             return nil
         }
@@ -268,17 +266,14 @@ struct WireDecoder {
             try checkDescriptorsAhead(partialFrameClaim: header.descriptorCount)
             return false
         }
-        let result: Result<WireFrame, WireError> = buffer.withUnsafeBytes { raw in
-            Result { () throws(WireError) -> WireFrame in try Self.decodeBody(of: header, from: raw) }
-        }
-        frame = try result.get()
+        frame = try buffer.withUnsafeBytes { (raw) throws(WireError) in try Self.decodeBody(of: header, from: raw) }
         if descriptors.count < header.descriptorCount {
             throw WireError(.descriptorsMissing,
                             "frame \(header.msgid) is complete but only \(descriptors.count) of its "
                                 + "\(header.descriptorCount) descriptors have arrived")
         }
         buffer.consume(header.length)
-        taken = descriptors.take(header.descriptorCount)
+        if header.descriptorCount > 0 || !taken.isEmpty { taken = descriptors.take(header.descriptorCount) }
         return true
     }
 

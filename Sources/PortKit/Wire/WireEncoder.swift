@@ -18,7 +18,22 @@ enum WireEncoder {
     /// from user input. A frame the wire cannot express at all (more than 65 535 components or
     /// descriptors, a length over 4 GiB) is a programmer error and traps.
     static func append(_ frame: WireFrame, to buffer: inout [UInt8]) {
+        // Grow once by the frame's size, then write the words and payloads in place: appending
+        // word by word went through the generic sequence path for every 8 bytes.
         let size = encodedSize(of: frame)
+        let start = buffer.count
+        reserve(size, in: &buffer)
+        grow(&buffer, by: size)
+        buffer.withUnsafeMutableBytes { raw in
+            encode(frame, size: size, into: UnsafeMutableRawBufferPointer(rebasing: raw[start...]))
+        }
+    }
+
+    /// Writes `frame`, whose `encodedSize(of:)` is `size`, at the start of `raw` (which must
+    /// have room for it), as `append(_:to:)` does: for a writer that encodes into memory of its
+    /// own. Traps as `append(_:to:)` does.
+    static func encode(_ frame: WireFrame, size: Int, into raw: UnsafeMutableRawBufferPointer) {
+        precondition(size == encodedSize(of: frame) && raw.count >= size, "WireEncoder: no room for the frame")
         precondition(size <= Int(UInt32.max), "WireEncoder: a frame of \(size) bytes does not fit a u32 length")
         precondition(frame.components.count <= Int(UInt16.max),
                      "WireEncoder: \(frame.components.count) components do not fit a u16 count")
@@ -28,45 +43,35 @@ enum WireEncoder {
         let flags = (frame.hasReplyPort ? WireFormat.replyPortFlag : 0)
             | (frame.isControl ? WireFormat.controlFlag : 0)
             | (frame.repliesBack ? WireFormat.replyBackFlag : 0)
-
-        // Grow once by the frame's size, then write the words and payloads in place: appending
-        // word by word went through the generic sequence path for every 8 bytes.
-        let start = buffer.count
-        reserve(size, in: &buffer)
-        grow(&buffer, by: size)
-        // The components' buffer is taken first, so that `offset` lives in the innermost
-        // closure: captured across two closures it would be boxed and its accesses checked at
-        // run time.
+        // `offset` lives in the closure: captured across two closures it would be boxed and
+        // its accesses checked at run time.
         frame.components.withUnsafeBufferPointer { components in
-            buffer.withUnsafeMutableBytes { raw in
-                var offset = start
-                let end = start + size
-                // `size` came from the components' kept counts: every write is checked against
-                // it, so a count gone wrong traps instead of writing past the frame.
-                func put(_ word: UInt64) {
-                    precondition(end - offset >= 8, "WireEncoder: the frame outgrew its measured size")
-                    raw.storeBytes(of: word.littleEndian, toByteOffset: offset, as: UInt64.self)
-                    offset += 8
-                }
-                put(UInt64(size) | UInt64(frame.msgid) << 32)
-                put(UInt64(components.count) | UInt64(flags) << 16 | UInt64(descriptorCount) << 32
-                    | UInt64(frame.replyToken) << 48)
-                for index in components.indices {
-                    switch components[index] {
-                    case .data(let bytes):
-                        put(UInt64(WireFormat.dataComponentType) | UInt64(bytes.count) << 32)
-                        precondition(end - offset >= bytes.count, "WireEncoder: the frame outgrew its measured size")
-                        bytes.withUnsafeBytes { payload in
-                            guard let source = payload.baseAddress, !payload.isEmpty else { return }
-                            (raw.baseAddress! + offset).copyMemory(from: source, byteCount: payload.count)
-                        }
-                        offset += bytes.count
-                    case .port:
-                        put(UInt64(WireFormat.portComponentType))
-                    }
-                }
-                precondition(offset == end, "WireEncoder: the frame fell short of its measured size")
+            var offset = 0
+            // `size` came from the components' kept counts: every write is checked against
+            // it, so a count gone wrong traps instead of writing past the frame.
+            func put(_ word: UInt64) {
+                precondition(size - offset >= 8, "WireEncoder: the frame outgrew its measured size")
+                raw.storeBytes(of: word.littleEndian, toByteOffset: offset, as: UInt64.self)
+                offset += 8
             }
+            put(UInt64(size) | UInt64(frame.msgid) << 32)
+            put(UInt64(components.count) | UInt64(flags) << 16 | UInt64(descriptorCount) << 32
+                | UInt64(frame.replyToken) << 48)
+            for index in components.indices {
+                switch components[index] {
+                case .data(let bytes):
+                    put(UInt64(WireFormat.dataComponentType) | UInt64(bytes.count) << 32)
+                    precondition(size - offset >= bytes.count, "WireEncoder: the frame outgrew its measured size")
+                    bytes.withUnsafeBytes { payload in
+                        guard let source = payload.baseAddress, !payload.isEmpty else { return }
+                        (raw.baseAddress! + offset).copyMemory(from: source, byteCount: payload.count)
+                    }
+                    offset += bytes.count
+                case .port:
+                    put(UInt64(WireFormat.portComponentType))
+                }
+            }
+            precondition(offset == size, "WireEncoder: the frame fell short of its measured size")
         }
     }
 
@@ -86,6 +91,11 @@ enum WireEncoder {
             throw WireError(.frameTooLong,
                             "message of \(frame.dataByteCount) data bytes exceeds the limit \(limits.maxMessageBytes)")
         }
+        // The usual message, one data component and nothing else towards a port, breaks no
+        // other rule (`limits` admits at least one component, and its frame is then no longer
+        // than `maxFrameBytes(componentCount: 1)`): the header's checks, about 200
+        // instructions a send, are skipped.
+        if direction == .toPort, frame.isPlainData { return }
         let header = WireFrameHeader(for: frame)
         try header.validate(limits: limits, direction: direction)
         try header.validate(components: frame.components)
@@ -101,16 +111,18 @@ enum WireEncoder {
         }
     }
 
-    /// Zeros to grow a buffer with: appending a slice of them is one `memcpy`, in debug builds
-    /// too (appending a `repeatElement` goes byte by byte there).
-    private static let zeros = [UInt8](repeating: 0, count: 4096)
+    /// Zeros to grow a buffer with: appending them is one `memcpy`, in debug builds too
+    /// (appending a `repeatElement` goes byte by byte there). Raw memory that is never freed,
+    /// not an array: reading a global array retains and releases it, two locked instructions.
+    private nonisolated(unsafe) static let zeros = UnsafeRawBufferPointer(
+        UnsafeMutableRawBufferPointer.allocate(byteCount: 4096, alignment: 16).initializeMemory(as: UInt8.self, repeating: 0))
 
     /// Appends `count` zero bytes to `buffer` (room to write a frame in place).
     private static func grow(_ buffer: inout [UInt8], by count: Int) {
         var remaining = count
         while remaining > 0 {
             let chunk = Swift.min(remaining, zeros.count)
-            buffer.append(contentsOf: zeros[..<chunk])
+            buffer.append(contentsOf: UnsafeRawBufferPointer(rebasing: zeros[..<chunk]))
             remaining -= chunk
         }
     }

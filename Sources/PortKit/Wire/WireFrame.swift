@@ -106,6 +106,11 @@ struct WireComponents: RandomAccessCollection, MutableCollection, ExpressibleByA
         }
     }
 
+    /// One component, a data component.
+    var isOneData: Bool {
+        if case .one(.data) = storage { true } else { false }
+    }
+
     /// Moves out the bytes of the one component when it is a data component (the usual
     /// frame), leaving no components; `nil`, and nothing changed, for any other shape. Moved,
     /// not copied: no retain of the bytes, and no release when the frame goes.
@@ -175,6 +180,11 @@ struct WireFrame: Equatable, Sendable {
     /// The control code, when this is a control frame with a code this version defines.
     var controlCode: WireControlCode? {
         isControl ? WireControlCode(rawValue: msgid) : nil
+    }
+
+    /// One data component, and no reply port, control code or reply token: the usual message.
+    var isPlainData: Bool {
+        !isControl && !hasReplyPort && !repliesBack && replyToken == 0 && components.isOneData
     }
 
     /// How many port components the frame has.

@@ -45,6 +45,14 @@ struct WireFrameHeader: Equatable, Sendable {
     /// `direction`. Run before any byte of the body is buffered for it, so nothing is ever
     /// allocated for a length that breaks a limit.
     func validate(limits: WireLimits, direction: WireDirection = .toPort) throws(WireError) {
+        // The usual frame, one component towards a port with no flag, descriptor or token, of
+        // a length a component header and at most `maxMessageBytes` of data fit, breaks no rule
+        // below: the checks of rarer shapes are skipped.
+        if componentCount == 1 && flags == 0 && descriptorCount == 0 && replyToken == 0 && direction == .toPort
+            && length >= WireFormat.frameHeaderByteCount + WireFormat.componentHeaderByteCount
+            && length <= limits.maxFrameBytes(componentCount: 1) {
+            return
+        }
         if length < WireFormat.frameHeaderByteCount {
             throw WireError(.frameTooShort,
                             "frame length \(length) is below the \(WireFormat.frameHeaderByteCount)-byte header")

@@ -43,14 +43,10 @@ struct WireReadBuffer {
         precondition(maxCount >= 0, "WireReadBuffer: negative byte count \(maxCount)")
         makeRoom(for: maxCount)
         let from = end
-        let result: Result<Int, E> = storage.withUnsafeMutableBytes { raw in
-            do throws(E) {
-                return .success(try fill(UnsafeMutableRawBufferPointer(rebasing: raw[from..<from + maxCount])))
-            } catch {
-                return .failure(error)
-            }
+        // `withUnsafeMutableBufferPointer` throws typed errors (see `withUnsafeBytes(_:)`).
+        let written = try storage.withUnsafeMutableBufferPointer { (bytes) throws(E) -> Int in
+            try fill(UnsafeMutableRawBufferPointer(rebasing: UnsafeMutableRawBufferPointer(bytes)[from..<from + maxCount]))
         }
-        let written = try result.get()
         precondition(written >= 0 && written <= maxCount,
                      "WireReadBuffer: fill reported \(written) bytes for a room of \(maxCount)")
         end += written
@@ -106,8 +102,13 @@ struct WireReadBuffer {
 
     /// Calls `body` with the unconsumed bytes.
     @inline(__always)
-    func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) -> R) -> R {
-        storage.withUnsafeBytes { raw in body(UnsafeRawBufferPointer(rebasing: raw[start..<end])) }
+    func withUnsafeBytes<R, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> R) throws(E) -> R {
+        // `withUnsafeBufferPointer` throws typed errors; `withUnsafeBytes` only rethrows
+        // untyped ones, so a caller that throws had to wrap its result (a `Result` made and
+        // destroyed per frame).
+        try storage.withUnsafeBufferPointer { (bytes) throws(E) -> R in
+            try body(UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(bytes)[start..<end]))
+        }
     }
 
     /// Ensures `byteCount` bytes of spare room after `end`.

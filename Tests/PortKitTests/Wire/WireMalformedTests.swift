@@ -151,6 +151,17 @@ struct WireMalformedTests {
         #expect(decodeError(second.bytes)?.kind == .componentsExceedFrame)
     }
 
+    @Test("one component with no flags but a length short of its component header",
+          arguments: [16, 17, 23] as [UInt32])
+    func oneComponentShortOfItsHeader(length: UInt32) {
+        // The shape the checks take a shortcut for (one component, no flags, descriptors or
+        // token): the shortcut must not admit a length the full checks refuse.
+        var writer = ByteWriter()
+        writer.frameHeader(length: length, componentCount: 1)
+        writer.raw([UInt8](repeating: 0, count: Int(length) - 16))
+        #expect(decodeError(writer.bytes)?.kind == .componentsExceedFrame)
+    }
+
     @Test("a frame length too small for its component headers")
     func lengthBelowComponentHeaders() {
         var writer = ByteWriter()

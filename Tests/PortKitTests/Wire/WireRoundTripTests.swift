@@ -141,6 +141,27 @@ struct WireRoundTripTests {
         #expect(refused.error?.kind == .frameTooLong)
     }
 
+    @Test("the usual message (one data component) at a small limit: the sender and the reader agree")
+    func plainMessageAtASmallLimit() throws {
+        // Both sides check this shape with a shortcut; at the limit and one byte over, and in
+        // the direction where it is not allowed at all, they must decide as the full checks do.
+        let limits = WireLimits(maxMessageBytes: 100, maxComponents: 4)
+        let atLimit = WireFrame(msgid: 1, components: [.data([UInt8](repeating: 7, count: 100))])
+        try WireEncoder.check(atLimit, limits: limits)
+        #expect(decode(encodeStream([atLimit]), limits: limits).events == expectedEvents([atLimit]))
+
+        let over = WireFrame(msgid: 1, components: [.data([UInt8](repeating: 7, count: 101))])
+        let checkError = #expect(throws: WireError.self) { try WireEncoder.check(over, limits: limits) }
+        #expect(checkError?.kind == .frameTooLong)
+        #expect(decode(encodeStream([over]), limits: limits).error?.kind == .frameTooLong)
+
+        // On a reply channel every frame must name its request.
+        let unanswered = #expect(throws: WireError.self) {
+            try WireEncoder.check(atLimit, limits: limits, direction: .toRequester)
+        }
+        #expect(unanswered?.kind == .replyTokenMissing)
+    }
+
     @Test("the limit is on data bytes: split over many components it still holds")
     func payloadLimitOverManyComponents() {
         let limits = WireLimits(maxMessageBytes: 100, maxComponents: 10)
