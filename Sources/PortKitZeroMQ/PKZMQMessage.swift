@@ -48,6 +48,16 @@ public struct PKZMQMessage: Sendable {
         self.body = MessageBody(components)
     }
 
+    /// Moves out the bytes of a message of one data component, leaving no components; `nil`,
+    /// and nothing changed, for any other shape. Moved, not copied: no retain of the bytes.
+    mutating func takeBytes() -> [UInt8]? {
+        guard case .bytes = body else { return nil }
+        var taken = MessageBody<PKZMQComponent>.components([])
+        swap(&taken, &body)
+        guard case .bytes(let bytes) = consume taken else { preconditionFailure("unreachable: checked above") }
+        return bytes
+    }
+
     /// A message whose one component is `bytes`.
     public init(msgid: UInt32, data bytes: [UInt8], replyPort: PKZMQSendPort? = nil) {
         self.msgid = msgid

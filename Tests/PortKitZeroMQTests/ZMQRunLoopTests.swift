@@ -126,6 +126,34 @@ import PortKit
         #expect(got == ["new 2"])
     }
 
+    /// A port receives the next message into the bytes of one it delivered: a handler that
+    /// keeps messages (here every other one) must find their bytes unchanged by the ones after,
+    /// of the same size (overwritten in place) and of other sizes.
+    @Test func messagesAHandlerKeepsAreNotChangedByTheNextOnes() throws {
+        let kept = try onLoopThread { loop in
+            var kept: [[UInt8]] = []
+            var count = 0
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { message in
+                if message.msgid % 2 == 0 { kept.append(message.data) }
+                count += 1
+            }
+            defer { port.invalidate() }
+            try loop.add(port, forMode: .default)
+            let right = port.makeSendRight()
+            for index in 0..<200 {
+                let size = index % 3 == 0 ? 64 : 40
+                try right.send(PKZMQMessage(msgid: UInt32(index), data: [UInt8](repeating: UInt8(index), count: size)),
+                               timeout: .seconds(10))
+            }
+            try run(loop, until: "200 messages") { count == 200 }
+            return kept
+        }
+        let expected = stride(from: 0, to: 200, by: 2).map { [UInt8](repeating: UInt8($0), count: $0 % 3 == 0 ? 64 : 40) }
+        #expect(kept.count == expected.count)
+        let changed = zip(kept, expected).filter { $0 != $1 }.count
+        #expect(changed == 0, "\(changed) of the kept messages changed after their delivery")
+    }
+
     @Test func aFloodYieldsToOtherSourcesBetweenBudgets() throws {
         try onLoopThread { loop in
             var received = 0

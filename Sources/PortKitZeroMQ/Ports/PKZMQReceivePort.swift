@@ -143,7 +143,12 @@ public final class PKZMQReceivePort: @unchecked Sendable, CustomStringConvertibl
                 continue
             }
             if handlerChanges != changes { (handler, changes) = (self.handler, handlerChanges) }
-            handler(PKZMQMessage(decoded))
+            let message = PKZMQMessage(decoded)
+            handler(message)
+            // The handler has let go of the message (or holds a copy of its own): its bytes
+            // take the next message's. (A `var` message was copied for the handler's call.)
+            var delivered = consume message
+            if var bytes = delivered.takeBytes() { inbox.recycle(&bytes) }
         }
     }
 

@@ -102,6 +102,10 @@ final class ZMQInbox: @unchecked Sendable {
     /// loop pass again and again). One call a wake-up, not a message: the receiver retains
     /// itself and loads its handler once for a whole batch.
     var onMessages: (_ next: () -> ZMQDecoded<PKZMQComponent>?) -> Void = ZMQInbox.dropAll
+    /// The bytes of a message its receiver has delivered (`recycle(_:)`), for the next
+    /// message's bytes: no allocation while they fit. Loop-only: taken while `drain` receives,
+    /// given back by the receiver it calls.
+    @exclusivity(unchecked) private var spare: [UInt8] = []
     /// Called on the loop with the reason of each dropped message.
     var onViolation: (String) -> Void = { _ in }
     /// Called on the loop if the loop drops the inbox's sources (its thread ended).
@@ -301,6 +305,13 @@ final class ZMQInbox: @unchecked Sendable {
         if inputMayRemain, isOpen, let loop { again?.signal(waking: loop) }
     }
 
+    /// Takes back the bytes of a message the receiver has delivered, to receive the next one
+    /// into (up to `ZMQBytes.spareLimit`). Loop-only, while `onMessages` runs.
+    func recycle(_ bytes: inout [UInt8]) {
+        guard bytes.capacity <= ZMQBytes.spareLimit else { return }
+        swap(&spare, &bytes)
+    }
+
     /// What an inbox without a receiver does with a wake-up's messages: drops them.
     static func dropAll(_ next: () -> ZMQDecoded<PKZMQComponent>?) {
         while next() != nil {}
@@ -331,7 +342,7 @@ final class ZMQInbox: @unchecked Sendable {
                 do throws(PKError) {
                     got = try io.socket?.receiveFrame { bytes, hasMore in
                         more = hasMore
-                        output = decoder.consume(bytes, more: hasMore)
+                        output = decoder.consume(bytes, more: hasMore, reusing: &spare)
                     }
                 } catch {
                     return .violation("receiving failed: \(error)")

@@ -58,6 +58,30 @@ extension ZMQDecoded: Equatable where Component: Equatable {
 }
 extension ZMQDecoded: Sendable where Component: Sendable {}
 
+/// Received bytes as an owned array.
+enum ZMQBytes {
+    /// The largest array a receiver keeps to reuse (`ZMQInbox.recycle(_:)`).
+    static let spareLimit = 4 << 10
+
+    /// `source` as an array: in `spare`'s storage (taken, leaving `spare` empty) when it has
+    /// the capacity, otherwise a new one. A spare still shared with a message its handler kept
+    /// is copied on write, so reusing it never changes what the handler holds: the cost is then
+    /// the allocation a new array costs anyway.
+    static func copy(_ source: UnsafeRawBufferPointer, reusing spare: inout [UInt8]) -> [UInt8] {
+        guard !source.isEmpty, spare.capacity >= source.count else { return Array(source) }
+        var bytes: [UInt8] = []
+        swap(&bytes, &spare)
+        if bytes.count == source.count {
+            // A stream's messages are often of one size: overwritten in place.
+            bytes.withUnsafeMutableBytes { $0.copyMemory(from: source) }
+        } else {
+            bytes.removeAll(keepingCapacity: true)
+            bytes.append(contentsOf: source)
+        }
+        return bytes
+    }
+}
+
 /// A decoded message whose ports are all still addresses.
 typealias ZMQDecodedMessage = ZMQDecoded<ZMQWireComponent>
 /// The decoder the tests and the fuzzer use.
@@ -83,6 +107,13 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
 
     /// Takes the next frame of the stream.
     mutating func consume(_ frame: UnsafeRawBufferPointer, more: Bool) -> Output {
+        var none: [UInt8] = []
+        return consume(frame, more: more, reusing: &none)
+    }
+
+    /// Takes the next frame of the stream; a message of one data component gets its bytes in
+    /// `spare`'s storage when it has the room (see `ZMQBytes.copy(_:reusing:)`).
+    mutating func consume(_ frame: UnsafeRawBufferPointer, more: Bool, reusing spare: inout [UInt8]) -> Output {
         if discarding {
             if !more { discarding = false }
             return .needMore
@@ -92,7 +123,7 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
             return .violation("the message has more than one ZeroMQ frame (a PortKit message is one frame since version 2)")
         }
         var reader = Reader(frame: frame)
-        switch reader.message(limits: limits) {
+        switch reader.message(limits: limits, reusing: &spare) {
         case .success(let message): return .message(message)
         case .failure(let reason): return .violation(reason.text)
         }
@@ -109,7 +140,7 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
 
         var left: Int { frame.count - offset }
 
-        mutating func message(limits: ZMQWireLimits) -> Result<ZMQDecoded<Component>, Reason> {
+        mutating func message(limits: ZMQWireLimits, reusing spare: inout [UInt8]) -> Result<ZMQDecoded<Component>, Reason> {
             guard frame.count >= ZMQWireFormat.headerSize else {
                 return .failure(Reason(text: "the message is \(frame.count) bytes, shorter than the \(ZMQWireFormat.headerSize)-byte header"))
             }
@@ -135,7 +166,7 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
             var ports = 0
             if count == 1 && left > 0 && frame[offset] == ZMQWireFormat.typeData {
                 // One data component, the common case: its bytes alone, no array.
-                switch data(bytes: &bytes, limits: limits) {
+                switch data(bytes: &bytes, limits: limits, reusing: &spare) {
                 case .success(let data): message.body = .bytes(data)
                 case .failure(let reason): return .failure(reason)
                 }
@@ -178,7 +209,8 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
             guard left > 0 else { return .failure(Reason(text: "the message ends before the components its header announces")) }
             switch frame[offset] {
             case ZMQWireFormat.typeData:
-                return data(bytes: &bytes, limits: limits).map { .data($0) }
+                var none: [UInt8] = []
+                return data(bytes: &bytes, limits: limits, reusing: &none).map { .data($0) }
             case ZMQWireFormat.typePort:
                 ports += 1
                 guard ports <= limits.maxPorts else { return .failure(Reason(text: "more than \(limits.maxPorts) ports")) }
@@ -189,7 +221,7 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
         }
 
         /// A data component (its type byte is at `offset`): type 1, the length, the bytes.
-        private mutating func data(bytes: inout Int, limits: ZMQWireLimits) -> Result<[UInt8], Reason> {
+        private mutating func data(bytes: inout Int, limits: ZMQWireLimits, reusing spare: inout [UInt8]) -> Result<[UInt8], Reason> {
             guard left >= ZMQWireFormat.dataPrefix else { return .failure(Reason(text: "a data component's length is cut off")) }
             let length = Int(frame.loadLittleEndian(at: offset + 1, as: UInt32.self))
             offset += ZMQWireFormat.dataPrefix
@@ -200,7 +232,7 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
             guard bytes <= limits.maxMessageBytes else {
                 return .failure(Reason(text: "the data components exceed \(limits.maxMessageBytes) bytes"))
             }
-            let data = Array(UnsafeRawBufferPointer(rebasing: frame[offset..<offset + length]))
+            let data = ZMQBytes.copy(UnsafeRawBufferPointer(rebasing: frame[offset..<offset + length]), reusing: &spare)
             offset += length
             return .success(data)
         }
