@@ -48,8 +48,8 @@ public struct PKZMQMessage: Sendable {
         self.body = MessageBody(components)
     }
 
-    /// Moves out the bytes of a message of one data component, leaving no components; `nil`,
-    /// and nothing changed, for any other shape. Moved, not copied: no retain of the bytes.
+    /// `MessageBody.takeBytes()` for this module's messages: the generic one, called from here,
+    /// runs unspecialized (about 100 instructions a message; this one about 10).
     mutating func takeBytes() -> [UInt8]? {
         guard case .bytes = body else { return nil }
         var taken = MessageBody<PKZMQComponent>.components([])

@@ -91,30 +91,6 @@ import PortKit
         #expect((try? ZMQMessageEncoder.measureData(byteCount: 10, limits: ZMQWireLimits(small))) == 24 + 5 + 10)
     }
 
-    /// Received bytes go into a spare array's storage when it has the room (no allocation),
-    /// and a spare that something else still holds is left as it was.
-    @Test func receivedBytesReuseASpareArray() {
-        let source: [UInt8] = [1, 2, 3, 4]
-        var spare = [UInt8](repeating: 9, count: 4)
-        spare.reserveCapacity(16)
-        let storage = spare.withUnsafeBufferPointer { $0.baseAddress }
-        let reused = source.withUnsafeBytes { ZMQBytes.copy($0, reusing: &spare) }
-        #expect(reused == source)
-        #expect(reused.withUnsafeBufferPointer { $0.baseAddress } == storage)
-        #expect(spare.isEmpty)
-
-        var shorter = reused  // another size: emptied, then filled
-        let three = [UInt8]([7, 7, 7]).withUnsafeBytes { ZMQBytes.copy($0, reusing: &shorter) }
-        #expect(three == [7, 7, 7])
-        #expect(reused == source, "the array the spare was shared with changed")
-
-        var small = [UInt8](repeating: 0, count: 2)  // too small: a new array, the spare kept
-        let large = [UInt8](repeating: 5, count: 4096)
-        let fresh = large.withUnsafeBytes { ZMQBytes.copy($0, reusing: &small) }
-        #expect(fresh == large)
-        #expect(small == [0, 0])
-    }
-
     @Test func emptyMessageIsTheHeaderAlone() throws {
         let bytes = try encode(1, [])
         #expect(bytes.count == 24)

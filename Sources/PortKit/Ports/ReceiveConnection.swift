@@ -9,6 +9,9 @@ import Logging
 struct ReadScratch {
     let control: UnsafeMutableRawBufferPointer
     let descriptors: UnsafeMutableBufferPointer<Int32>
+    /// The bytes of a message the port delivered, for the next message's bytes (see
+    /// `SpareBytes`).
+    var spare: [UInt8] = []
 
     init(maxDescriptors: Int) {
         // Room for one more descriptor than allowed, so an excess shows as "too many", not lost.
@@ -168,22 +171,22 @@ final class ReceiveConnection {
         }
         if count == 0 {
             // End of stream: clean only at a frame boundary with no stray descriptors.
-            if let failure = decodeAvailable().failure { return .failed(failure) }
+            if let failure = decodeAvailable(reusing: &scratch.spare).failure { return .failed(failure) }
             do throws(WireError) { try decoder.finish() } catch {
                 return .failed(error.description)
             }
             return .endOfStream
         }
-        return decodeAvailable()
+        return decodeAvailable(reusing: &scratch.spare)
     }
 
-    private func decodeAvailable() -> ReadOutcome {
+    private func decodeAvailable(reusing spare: inout [UInt8]) -> ReadOutcome {
         // Each frame is decoded into these, and its payload moved out of them into its message.
         var frame = WireFrame(msgid: 0)
         var descriptors: [Int32] = []
         while true {
             let found: WireDecoder.Found?
-            do throws(WireError) { found = try decoder.next(frame: &frame, descriptors: &descriptors) } catch {
+            do throws(WireError) { found = try decoder.next(frame: &frame, descriptors: &descriptors, reusing: &spare) } catch {
                 return .failed(error.description)
             }
             guard let found else { break }

@@ -172,12 +172,21 @@ struct WireDecoder {
     ///
     /// - Throws: as `next()`.
     mutating func next(frame: inout WireFrame, descriptors: inout [Int32]) throws(WireError) -> Found? {
+        var none: [UInt8] = []
+        return try next(frame: &frame, descriptors: &descriptors, reusing: &none)
+    }
+
+    /// `next(frame:descriptors:)`, a frame of one data component getting its bytes in
+    /// `spare`'s storage when it has the room (see `SpareBytes.copy(_:reusing:)`).
+    ///
+    /// - Throws: as `next()`.
+    mutating func next(frame: inout WireFrame, descriptors: inout [Int32], reusing spare: inout [UInt8]) throws(WireError) -> Found? {
         do throws(WireError) {
             switch state {
             case .failed(let error): throw error
             case .closed: return nil
             case .awaitingGreeting: return try nextGreeting().map { .greeting($0) }
-            case .open: return try nextFrame(into: &frame, descriptors: &descriptors) ? .frame : nil
+            case .open: return try nextFrame(into: &frame, descriptors: &descriptors, reusing: &spare) ? .frame : nil
             }
         } catch {
             fail(error)
@@ -253,7 +262,9 @@ struct WireDecoder {
     }
 
     /// Decodes the next frame into `frame` and `descriptors`; false when more bytes are needed.
-    private mutating func nextFrame(into frame: inout WireFrame, descriptors taken: inout [Int32]) throws(WireError) -> Bool {
+    private mutating func nextFrame(
+        into frame: inout WireFrame, descriptors taken: inout [Int32], reusing spare: inout [UInt8]
+    ) throws(WireError) -> Bool {
         let available = buffer.count
         if available < WireFormat.frameHeaderByteCount {
             // A partial header: its frame may claim up to the limit.
@@ -266,7 +277,7 @@ struct WireDecoder {
             try checkDescriptorsAhead(partialFrameClaim: header.descriptorCount)
             return false
         }
-        frame = try buffer.withUnsafeBytes { (raw) throws(WireError) in try Self.decodeBody(of: header, from: raw) }
+        frame = try buffer.withUnsafeBytes { (raw) throws(WireError) in try Self.decodeBody(of: header, from: raw, reusing: &spare) }
         if descriptors.count < header.descriptorCount {
             throw WireError(.descriptorsMissing,
                             "frame \(header.msgid) is complete but only \(descriptors.count) of its "
@@ -280,7 +291,7 @@ struct WireDecoder {
     /// Decodes the components of a frame whose `header` has been validated and whose bytes are
     /// all in `raw` (from offset 0).
     private static func decodeBody(
-        of header: WireFrameHeader, from raw: UnsafeRawBufferPointer
+        of header: WireFrameHeader, from raw: UnsafeRawBufferPointer, reusing spare: inout [UInt8]
     ) throws(WireError) -> WireFrame {
         var offset = WireFormat.frameHeaderByteCount
         let end = header.length
@@ -288,12 +299,13 @@ struct WireDecoder {
         switch header.componentCount {
         case 0: components = []
         // One component (the usual message) is held inline: no array.
-        case 1: components = WireComponents(try component(0, of: header, from: raw, offset: &offset))
+        case 1: components = WireComponents(try component(0, of: header, from: raw, offset: &offset, reusing: &spare))
         default:
             var all: [WireComponent] = []
             all.reserveCapacity(header.componentCount)
+            var none: [UInt8] = []
             for index in 0..<header.componentCount {
-                all.append(try component(index, of: header, from: raw, offset: &offset))
+                all.append(try component(index, of: header, from: raw, offset: &offset, reusing: &none))
             }
             components = WireComponents(all)
         }
@@ -311,7 +323,8 @@ struct WireDecoder {
     /// run time.
     @inline(__always)
     private static func component(
-        _ index: Int, of header: WireFrameHeader, from raw: UnsafeRawBufferPointer, offset: inout Int
+        _ index: Int, of header: WireFrameHeader, from raw: UnsafeRawBufferPointer, offset: inout Int,
+        reusing spare: inout [UInt8]
     ) throws(WireError) -> WireComponent {
         let end = header.length
         if end - offset < WireFormat.componentHeaderByteCount {
@@ -335,14 +348,13 @@ struct WireDecoder {
                                 "data component \(index) of \(length) bytes runs \(length - (end - offset)) "
                                     + "bytes past the end of frame \(header.msgid)")
             }
-            // `Array(_:)` of a typed buffer allocates in code specialized here and copies with
-            // one `memcpy` (in debug builds too); the `unsafeUninitializedCapacity`
-            // initializer goes through the standard library's unspecialized allocation, which
-            // looks the storage type up at run time (about 700 instructions a message).
-            // The read buffer is `[UInt8]` storage, so its memory is bound to `UInt8`.
+            // `Array(_:)` (in `SpareBytes.copy`, when the spare lacks room) allocates in code
+            // specialized here and copies with one `memcpy` (in debug builds too); the
+            // `unsafeUninitializedCapacity` initializer goes through the standard library's
+            // unspecialized allocation, which looks the storage type up at run time (about 700
+            // instructions a message).
             defer { offset += length }
-            return .data(length == 0 ? [] : Array(UnsafeBufferPointer(
-                start: (raw.baseAddress! + offset).assumingMemoryBound(to: UInt8.self), count: length)))
+            return .data(SpareBytes.copy(UnsafeRawBufferPointer(rebasing: raw[offset..<offset + length]), reusing: &spare))
         case WireFormat.portComponentType:
             if length != 0 {
                 throw WireError(.portComponentHasLength,

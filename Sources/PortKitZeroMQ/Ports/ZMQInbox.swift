@@ -306,10 +306,9 @@ final class ZMQInbox: @unchecked Sendable {
     }
 
     /// Takes back the bytes of a message the receiver has delivered, to receive the next one
-    /// into (up to `ZMQBytes.spareLimit`). Loop-only, while `onMessages` runs.
+    /// into (up to `SpareBytes.limit`). Loop-only, while `onMessages` runs.
     func recycle(_ bytes: inout [UInt8]) {
-        guard bytes.capacity <= ZMQBytes.spareLimit else { return }
-        swap(&spare, &bytes)
+        SpareBytes.keep(&bytes, in: &spare)
     }
 
     /// What an inbox without a receiver does with a wake-up's messages: drops them.

@@ -58,30 +58,6 @@ extension ZMQDecoded: Equatable where Component: Equatable {
 }
 extension ZMQDecoded: Sendable where Component: Sendable {}
 
-/// Received bytes as an owned array.
-enum ZMQBytes {
-    /// The largest array a receiver keeps to reuse (`ZMQInbox.recycle(_:)`).
-    static let spareLimit = 4 << 10
-
-    /// `source` as an array: in `spare`'s storage (taken, leaving `spare` empty) when it has
-    /// the capacity, otherwise a new one. A spare still shared with a message its handler kept
-    /// is copied on write, so reusing it never changes what the handler holds: the cost is then
-    /// the allocation a new array costs anyway.
-    static func copy(_ source: UnsafeRawBufferPointer, reusing spare: inout [UInt8]) -> [UInt8] {
-        guard !source.isEmpty, spare.capacity >= source.count else { return Array(source) }
-        var bytes: [UInt8] = []
-        swap(&bytes, &spare)
-        if bytes.count == source.count {
-            // A stream's messages are often of one size: overwritten in place.
-            bytes.withUnsafeMutableBytes { $0.copyMemory(from: source) }
-        } else {
-            bytes.removeAll(keepingCapacity: true)
-            bytes.append(contentsOf: source)
-        }
-        return bytes
-    }
-}
-
 /// A decoded message whose ports are all still addresses.
 typealias ZMQDecodedMessage = ZMQDecoded<ZMQWireComponent>
 /// The decoder the tests and the fuzzer use.
@@ -112,7 +88,7 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
     }
 
     /// Takes the next frame of the stream; a message of one data component gets its bytes in
-    /// `spare`'s storage when it has the room (see `ZMQBytes.copy(_:reusing:)`).
+    /// `spare`'s storage when it has the room (see `SpareBytes.copy(_:reusing:)`).
     mutating func consume(_ frame: UnsafeRawBufferPointer, more: Bool, reusing spare: inout [UInt8]) -> Output {
         if discarding {
             if !more { discarding = false }
@@ -232,7 +208,7 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
             guard bytes <= limits.maxMessageBytes else {
                 return .failure(Reason(text: "the data components exceed \(limits.maxMessageBytes) bytes"))
             }
-            let data = ZMQBytes.copy(UnsafeRawBufferPointer(rebasing: frame[offset..<offset + length]), reusing: &spare)
+            let data = SpareBytes.copy(UnsafeRawBufferPointer(rebasing: frame[offset..<offset + length]), reusing: &spare)
             offset += length
             return .success(data)
         }

@@ -170,6 +170,35 @@ import Testing
 
     /// The guide's reply port: the receiver answers on `replyPort`, the sender answers that
     /// answer, and so on, a hundred times.
+    /// A port reads the next message into the bytes of one it delivered: a handler that keeps
+    /// messages (here every other one) must find their bytes unchanged by the ones after, of
+    /// the same size (overwritten in place) and of other sizes.
+    @Test func messagesAHandlerKeepsAreNotChangedByTheNextOnes() throws {
+        let kept = try onPortLoopThread { loop in
+            var kept: [[UInt8]] = []
+            var count = 0
+            let port = PKReceivePort { message in
+                if message.msgid % 2 == 0 { kept.append(message.data) }
+                count += 1
+            }
+            defer { port.invalidate() }
+            try loop.add(port, forMode: .default)
+            let right = try independentRight(to: port)  // through a socket, as from another process
+            for index in 0..<200 {
+                let size = index % 3 == 0 ? 64 : 40
+                try right.send(PKPortMessage(msgid: UInt32(index), data: [UInt8](repeating: UInt8(index), count: size)),
+                               timeout: .seconds(5))
+                // One read a message, so that each is read after the one before was delivered.
+                try runLoop(loop, "message \(index)") { count == index + 1 }
+            }
+            return kept
+        }
+        let expected = stride(from: 0, to: 200, by: 2).map { [UInt8](repeating: UInt8($0), count: $0 % 3 == 0 ? 64 : 40) }
+        #expect(kept.count == expected.count)
+        let changed = zip(kept, expected).filter { $0 != $1 }.count
+        #expect(changed == 0, "\(changed) of the kept messages changed after their delivery")
+    }
+
     @Test func replyPortRoundTrips() throws {
         let server = try PortServer(name: "ponger") { port, _ in
             port.handler = { message in
