@@ -154,6 +154,58 @@ import PortKit
         #expect(changed == 0, "\(changed) of the kept messages changed after their delivery")
     }
 
+    /// A message received after the one before was delivered (and let go) is received into
+    /// that one's bytes, with no allocation: a 120-byte message after a 200-byte one has the
+    /// larger one's capacity.
+    @Test func theNextMessageIsReceivedIntoTheBytesOfTheOneDelivered() throws {
+        let received = try onLoopThread { loop in
+            var received: [(data: [UInt8], capacity: Int)] = []
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { message in
+                received.append((message.data, message.data.capacity))
+            }
+            defer { port.invalidate() }
+            try loop.add(port, forMode: .default)
+            let right = port.makeSendRight()
+            for (index, size) in [200, 120].enumerated() {
+                try right.send(PKZMQMessage(msgid: UInt32(index), data: [UInt8](repeating: UInt8(size), count: size)),
+                               timeout: .seconds(10))
+                try run(loop, until: "message \(index)") { received.count == index + 1 }
+            }
+            return received.map { ($0.data, $0.capacity) }
+        }
+        #expect(received.map(\.0) == [[UInt8](repeating: 200, count: 200), [UInt8](repeating: 120, count: 120)])
+        #expect(received[1].1 >= 200, "the second message came in a new array (capacity \(received[1].1))")
+    }
+
+    /// Small messages a handler keeps are not received into the storage of a large one
+    /// delivered before them (each would hold its capacity).
+    @Test func keptSmallMessagesDoNotHoldALargeOnesStorage() throws {
+        let capacities = try onLoopThread { loop in
+            var capacities: [Int] = []
+            var kept: [[UInt8]] = []
+            var count = 0
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { message in
+                count += 1
+                guard message.msgid > 0 else { return }
+                kept.append(message.data)
+                capacities.append(message.data.capacity)
+            }
+            defer { port.invalidate() }
+            try loop.add(port, forMode: .default)
+            let right = port.makeSendRight()
+            try right.send(PKZMQMessage(msgid: 0, data: [UInt8](repeating: 1, count: 4000)), timeout: .seconds(10))
+            try run(loop, until: "the large message") { count == 1 }
+            for index in 1...100 {
+                try right.send(PKZMQMessage(msgid: UInt32(index), data: [UInt8](repeating: 2, count: 1 + index % 2)),
+                               timeout: .seconds(10))
+            }
+            try run(loop, until: "101 messages") { count == 101 }
+            return capacities
+        }
+        let large = capacities.filter { $0 >= 1000 }.count
+        #expect(large == 0, "\(large) of 100 kept messages of 1 or 2 bytes hold \(capacities.max() ?? 0) bytes each")
+    }
+
     @Test func aFloodYieldsToOtherSourcesBetweenBudgets() throws {
         try onLoopThread { loop in
             var received = 0

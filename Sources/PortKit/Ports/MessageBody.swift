@@ -9,11 +9,15 @@ package enum SpareBytes {
     package static let limit = 4 << 10
 
     /// `source` as an array: in `spare`'s storage (taken, leaving `spare` empty) when it has
-    /// the capacity, otherwise a new one. A spare still shared with a message its handler kept
-    /// is copied on write, so reusing it never changes what the handler holds: the cost is then
-    /// the allocation a new array costs anyway.
+    /// the capacity and not much more (a small message kept by its handler must not hold a
+    /// large one's storage), otherwise a new one. A spare still shared with a message its
+    /// handler kept is copied on write, so reusing it never changes what the handler holds:
+    /// the cost is then one allocation, as for a new array, of at most about twice the size
+    /// (and, for a spare of the same size, a copy of its old bytes before they are overwritten).
     package static func copy(_ source: UnsafeRawBufferPointer, reusing spare: inout [UInt8]) -> [UInt8] {
-        guard !source.isEmpty, spare.capacity >= source.count else { return Array(source) }
+        guard !source.isEmpty, spare.capacity >= source.count, spare.capacity <= 2 * source.count + 64 else {
+            return Array(source)
+        }
         var bytes: [UInt8] = []
         swap(&bytes, &spare)
         if bytes.count == source.count {

@@ -710,8 +710,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
                 if connection.readingPaused { connection.resumeIfDrained() }
                 if deliverChanges != handlerChanges { (deliver, deliverChanges) = (handler, handlerChanges) }
                 deliver(message)
-                // The handler has let go of the message (or holds a copy of its own): its bytes
-                // take the next message read. (A `var` message was copied for the call.)
+                // Its bytes take the next message read; a handler that kept the message or its
+                // bytes shares the array, and the reuse then copies it first. (Consumed from a
+                // `let`: a `var` message was copied for the handler's call.)
                 var delivered = consume message
                 if var bytes = delivered.body.takeBytes() { SpareBytes.keep(&bytes, in: &readBuffer.spare) }
                 if !isValid { return }

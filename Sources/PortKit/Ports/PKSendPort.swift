@@ -391,8 +391,8 @@ final class SendConnection: @unchecked Sendable {
                     state.directLoop = loopID
                     state.directPass = loop.pass
                 }
-                let area = Self.encodingArea(size, &state)
-                defer { if area.baseAddress != state.scratch.baseAddress { area.deallocate() } }
+                let (area, isTemporary) = Self.encodingArea(size, &state)
+                defer { if isTemporary { area.deallocate() } }
                 WireEncoder.encode(frame, size: size, into: area)
                 let bytes = UnsafeRawBufferPointer(rebasing: area[..<size])
                 let written = try writeLocked(&state, bytes, descriptors: descriptors)
@@ -430,13 +430,15 @@ final class SendConnection: @unchecked Sendable {
     }
 
     /// Room for `size` bytes to encode a frame in: the connection's scratch area, grown if need
-    /// be, or for a frame over `scratchLimit` an area of its own that the caller deallocates.
-    private static func encodingArea(_ size: Int, _ state: inout State) -> UnsafeMutableRawBufferPointer {
-        if size <= state.scratch.count { return state.scratch }
-        if size > scratchLimit { return .allocate(byteCount: size, alignment: 8) }
+    /// be, or for a frame over `scratchLimit` an area of its own (`isTemporary`) that the caller
+    /// deallocates.
+    private static func encodingArea(_ size: Int, _ state: inout State) -> (area: UnsafeMutableRawBufferPointer, isTemporary: Bool) {
+        if size <= state.scratch.count { return (state.scratch, false) }
+        if size > scratchLimit { return (.allocate(byteCount: size, alignment: 8), true) }
+        let grown = Swift.min(Swift.max(size, 2 * state.scratch.count, 256), scratchLimit)
         state.scratch.deallocate()
-        state.scratch = .allocate(byteCount: Swift.min(Swift.max(size, 2 * state.scratch.count, 256), scratchLimit), alignment: 8)
-        return state.scratch
+        state.scratch = .allocate(byteCount: grown, alignment: 8)
+        return (state.scratch, false)
     }
 
     /// Encodes `frame` at the end of the pending bytes.

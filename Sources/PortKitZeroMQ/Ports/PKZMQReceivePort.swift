@@ -145,8 +145,9 @@ public final class PKZMQReceivePort: @unchecked Sendable, CustomStringConvertibl
             if handlerChanges != changes { (handler, changes) = (self.handler, handlerChanges) }
             let message = PKZMQMessage(decoded)
             handler(message)
-            // The handler has let go of the message (or holds a copy of its own): its bytes
-            // take the next message's. (A `var` message was copied for the handler's call.)
+            // Its bytes take the next message's; a handler that kept the message or its bytes
+            // shares the array, and the reuse then copies it first. (Consumed from a `let`: a
+            // `var` message was copied for the handler's call.)
             var delivered = consume message
             if var bytes = delivered.takeBytes() { inbox.recycle(&bytes) }
         }

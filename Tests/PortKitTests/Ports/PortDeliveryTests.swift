@@ -199,6 +199,54 @@ import Testing
         #expect(changed == 0, "\(changed) of the kept messages changed after their delivery")
     }
 
+    /// A message read through a socket after the one before was delivered (and let go) is
+    /// read into that one's bytes, with no allocation: a 120-byte message after a 200-byte one
+    /// has the larger one's capacity.
+    @Test func theNextMessageIsReadIntoTheBytesOfTheOneDelivered() throws {
+        let received = try onPortLoopThread { loop in
+            var received: [(data: [UInt8], capacity: Int)] = []
+            let port = PKReceivePort { message in received.append((message.data, message.data.capacity)) }
+            defer { port.invalidate() }
+            try loop.add(port, forMode: .default)
+            let right = try independentRight(to: port)
+            for (index, size) in [200, 120].enumerated() {
+                try right.send(PKPortMessage(msgid: UInt32(index), data: [UInt8](repeating: UInt8(size), count: size)),
+                               timeout: .seconds(5))
+                try runLoop(loop, "message \(index)") { received.count == index + 1 }
+            }
+            return received.map { ($0.data, $0.capacity) }
+        }
+        #expect(received.map(\.0) == [[UInt8](repeating: 200, count: 200), [UInt8](repeating: 120, count: 120)])
+        #expect(received[1].1 >= 200, "the second message came in a new array (capacity \(received[1].1))")
+    }
+
+    /// Small messages a handler keeps are not read into the storage of a large one delivered
+    /// before them (each would hold its capacity).
+    @Test func keptSmallMessagesDoNotHoldALargeOnesStorage() throws {
+        let capacities = try onPortLoopThread { loop in
+            var capacities: [Int] = []
+            var kept: [[UInt8]] = []
+            var count = 0
+            let port = PKReceivePort { message in
+                count += 1
+                guard message.msgid > 0 else { return }
+                kept.append(message.data)
+                capacities.append(message.data.capacity)
+            }
+            defer { port.invalidate() }
+            try loop.add(port, forMode: .default)
+            let right = try independentRight(to: port)
+            for index in 0...20 {  // one read each: each is read after the one before was delivered
+                let size = index == 0 ? 4000 : 1 + index % 2
+                try right.send(PKPortMessage(msgid: UInt32(index), data: [UInt8](repeating: 2, count: size)), timeout: .seconds(5))
+                try runLoop(loop, "message \(index)") { count == index + 1 }
+            }
+            return capacities
+        }
+        let large = capacities.filter { $0 >= 1000 }.count
+        #expect(large == 0, "\(large) of 20 kept messages of 1 or 2 bytes hold \(capacities.max() ?? 0) bytes each")
+    }
+
     @Test func replyPortRoundTrips() throws {
         let server = try PortServer(name: "ponger") { port, _ in
             port.handler = { message in

@@ -154,10 +154,14 @@ struct WireMalformedTests {
     @Test("one component with no flags but a length short of its component header",
           arguments: [16, 17, 23] as [UInt32])
     func oneComponentShortOfItsHeader(length: UInt32) {
-        // The shape the checks take a shortcut for (one component, no flags, descriptors or
-        // token): the shortcut must not admit a length the full checks refuse.
+        // The shape the header's checks take a shortcut for (one component, no flags,
+        // descriptors or token): the shortcut must not admit a length the full checks refuse.
+        // Checked on the header alone, since the body's decoding would refuse it later too.
         var writer = ByteWriter()
         writer.frameHeader(length: length, componentCount: 1)
+        let header = writer.bytes.withUnsafeBytes { WireFrameHeader(loadingFrom: $0) }
+        let error = #expect(throws: WireError.self) { try header.validate(limits: .default) }
+        #expect(error?.kind == .componentsExceedFrame)
         writer.raw([UInt8](repeating: 0, count: Int(length) - 16))
         #expect(decodeError(writer.bytes)?.kind == .componentsExceedFrame)
     }
