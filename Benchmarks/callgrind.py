@@ -153,6 +153,33 @@ def locked(small_files, large_files, n):
     return total, by_function
 
 
+def code_lines(small_files, large_files, n):
+    """Distinct 64-byte lines of code that every round trip (or message) runs: instructions
+    the 2N run executed at least N times more than the N run, each process counted on its own
+    (two processes fetch their code separately; a run's files, sorted by process id, pair up
+    parent with parent and child with child). Returns the total and the lines by object.
+    After a context switch to another process on the same CPU the round trip fetches these
+    lines again, about 3 ns each here (see docs/performance.md). Also returns the lines by
+    function (a line two functions share counts for both there)."""
+    total, by_object, by_function = 0, {}, {}
+    pid = lambda path: int(path.rsplit(".", 1)[1])
+    for small_path, large_path in zip(sorted(small_files, key=pid), sorted(large_files, key=pid)):
+        before, _ = instruction_counts([small_path])
+        counts, function_of = instruction_counts([large_path])
+        lines, function_lines = {}, {}
+        for (obj, address), count in counts.items():
+            if count - before.get((obj, address), 0) >= n:
+                lines.setdefault(os.path.basename(obj or "?"), set()).add(address >> 6)
+                key = (os.path.basename(obj or "?"), function_of.get((obj, address)) or "?")
+                function_lines.setdefault(key, set()).add(address >> 6)
+        for obj, found in lines.items():
+            total += len(found)
+            by_object[obj] = by_object.get(obj, 0) + len(found)
+        for key, found in function_lines.items():
+            by_function[key] = by_function.get(key, 0) + len(found)
+    return total, by_object, by_function
+
+
 def demangle(names):
     try:
         out = subprocess.run(["swift", "demangle", "--simplified", "--compact"], input="\n".join(names),
@@ -189,8 +216,15 @@ def categorize(exclusive):
     return totals, other
 
 
-def profile(small, large, n, path, kind, locked_by_function):
+def profile(small, large, n, path, kind, locked_by_function, lines_by_function):
     lines = [f"# {kind}: instructions per round trip by function ((2N run - N run) / N, N = {n})", ""]
+    top = sorted(((v, k) for k, v in lines_by_function.items()), reverse=True)
+    names = demangle([name for _, (_, name) in top[:40]])
+    lines.append(f"## 64-byte lines of code every round trip runs ({sum(v for v, _ in top)} by function; "
+                 "a line two functions share counts for both), by function")
+    for (v, (obj, _)), name in zip(top, names):
+        lines.append(f"{v:10d}  {name[:160]} [{obj}]")
+    lines.append("")
     top = sorted(((v, k) for k, v in locked_by_function.items() if v >= 0.05), reverse=True)
     names = demangle([name for _, (_, name) in top])
     lines.append(f"## locked instructions ({sum(locked_by_function.values()):.1f}), by the function they are in")
@@ -244,13 +278,15 @@ def main():
             small, small_files = run(stripped, kind, n, workdir)
             large, large_files = run(stripped, kind, 2 * n, workdir)
             locked_total, locked_by_function = locked(small_files, large_files, n)
+            lines_total, lines_by_object, lines_by_function = code_lines(small_files, large_files, n)
             results[kind] = {"n": n, "ir_n": small, "ir_2n": large, "per_round_trip": (large - small) / n,
-                             "locked_per_round_trip": locked_total}
-            print(f"  {kind:18s} {(large - small) / n:10.0f} instructions per round trip, {locked_total:.1f} locked",
-                  file=sys.stderr)
+                             "locked_per_round_trip": locked_total, "code_lines_per_round_trip": lines_total,
+                             "code_lines_by_object": lines_by_object}
+            print(f"  {kind:18s} {(large - small) / n:10.0f} instructions per round trip, {locked_total:.1f} locked, "
+                  f"{lines_total} code lines", file=sys.stderr)
             if kind.startswith("portkit"):
                 profile(small_files, large_files, n, os.path.join(outdir, f"callgrind-profile-{kind}.txt"), kind,
-                        locked_by_function)
+                        locked_by_function, lines_by_function)
         except Exception as error:  # record and go on: one failing kind must not hide the others
             results[kind] = {"error": str(error)[:500]}
             print(f"  {kind}: {error}", file=sys.stderr)

@@ -206,7 +206,10 @@ def main():
             met += ok
             def shown(entry):
                 locked = entry.get("locked_per_round_trip")
-                return f"{entry['per_round_trip']:.0f}" + (f" ({locked:.0f} locked)" if locked is not None else "")
+                lines = entry.get("code_lines_per_round_trip")
+                extra = [f"{locked:.0f} locked"] if locked is not None else []
+                extra += [f"{lines} code lines"] if lines is not None else []
+                return f"{entry['per_round_trip']:.0f}" + (f" ({'; '.join(extra)})" if extra else "")
             out.append(f"| User-space instructions per round trip, {side} | callgrind | {shown(pk)} | raw C ({'socketpair' if side == 'threads' else 'named Unix socket'}) | {shown(c)} | {ratio:.1f} x | | ≤ 3.00 x | {'yes' if ok else '**NO**'} | exact |")
         else:
             err = pk.get("error") or c.get("error") or "missing"
