@@ -159,35 +159,18 @@ def code_lines(small_files, large_files, n):
     (two processes fetch their code separately; a run's files, sorted by process id, pair up
     parent with parent and child with child). Returns the total and the lines by object.
     After a context switch to another process on the same CPU the round trip fetches these
-    lines again, about 3 ns each here (see docs/performance.md). Also returns the lines by
+    lines again, about 1 to 2.5 ns each here (see docs/performance.md). Also returns the lines by
     function (a line two functions share counts for both there)."""
     total, by_object, by_function = 0, {}, {}
     pid = lambda path: int(path.rsplit(".", 1)[1])
-
-    def starts(counts, function_of):
-        # The two runs load objects at different addresses: an instruction is matched across
-        # them by its function and its offset from the function's first executed instruction.
-        first = {}
-        for (obj, address) in counts:
-            key = (obj, function_of.get((obj, address)))
-            first[key] = min(first.get(key, address), address)
-        return first
-
-    def relative(counts, function_of):
-        first = starts(counts, function_of)
-        return {(obj, fn, address - first[(obj, fn)]): count
-                for (obj, address), count in counts.items() for fn in [function_of.get((obj, address))]}
-
     for small_path, large_path in zip(sorted(small_files, key=pid), sorted(large_files, key=pid)):
-        before = relative(*instruction_counts([small_path]))
+        before, _ = instruction_counts([small_path])
         counts, function_of = instruction_counts([large_path])
-        first = starts(counts, function_of)
         lines, function_lines = {}, {}
         for (obj, address), count in counts.items():
-            fn = function_of.get((obj, address))
             # Nearly every round trip: exactly N would drop a path that one round trip of the
             # run happened to skip (a pass that found two messages, say).
-            if count - before.get((obj, fn, address - first[(obj, fn)]), 0) >= 0.9 * n:
+            if count - before.get((obj, address), 0) >= 0.9 * n:
                 lines.setdefault(os.path.basename(obj or "?"), set()).add(address >> 6)
                 key = (os.path.basename(obj or "?"), function_of.get((obj, address)) or "?")
                 function_lines.setdefault(key, set()).add(address >> 6)

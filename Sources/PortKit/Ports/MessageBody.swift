@@ -1,42 +1,6 @@
 // How a port message holds its components, shared by both transports' messages (PKPortMessage,
 // and PKZMQMessage in PortKitZeroMQ): the usual message, one data component, as its bytes alone.
 
-/// Received bytes as the owned array a message hands its handler, made in the storage of a
-/// delivered message's array when it has the room: a receiver that gets each delivered
-/// message's bytes back (`takeBytes()`) allocates nothing for the next one.
-package enum SpareBytes {
-    /// The largest array a receiver keeps to reuse.
-    package static let limit = 4 << 10
-
-    /// `source` as an array: in `spare`'s storage (taken, leaving `spare` empty) when it has
-    /// the capacity and not much more (a small message kept by its handler must not hold a
-    /// large one's storage), otherwise a new one. A spare still shared with a message its
-    /// handler kept is copied on write, so reusing it never changes what the handler holds:
-    /// the cost is then one allocation, as for a new array, of at most about twice the size
-    /// (and, for a spare of the same size, a copy of its old bytes before they are overwritten).
-    package static func copy(_ source: UnsafeRawBufferPointer, reusing spare: inout [UInt8]) -> [UInt8] {
-        guard !source.isEmpty, spare.capacity >= source.count, spare.capacity <= 2 * source.count + 64 else {
-            return Array(source)
-        }
-        var bytes: [UInt8] = []
-        swap(&bytes, &spare)
-        if bytes.count == source.count {
-            // A stream's messages are often of one size: overwritten in place.
-            bytes.withUnsafeMutableBytes { $0.copyMemory(from: source) }
-        } else {
-            bytes.removeAll(keepingCapacity: true)
-            bytes.append(contentsOf: source)
-        }
-        return bytes
-    }
-
-    /// Keeps `bytes` in `spare` for the next message, if they are small enough to be worth it.
-    package static func keep(_ bytes: inout [UInt8], in spare: inout [UInt8]) {
-        guard bytes.capacity <= limit else { return }
-        swap(&spare, &bytes)
-    }
-}
-
 /// A component of a transport's port message: bytes, or a send right of that transport.
 package protocol MessageComponent: Sendable {
     /// The transport's send right.

@@ -629,8 +629,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             Self.logger.notice("closing a connection that broke the protocol: \(error)")
         }
         // The timer first: `runLoop` takes the port's lock and retains the loop, whose weak
-        // references make that retain a slow one (four locked instructions an event, for a
-        // check that is false once every connection has greeted). `loop` is the port's loop.
+        // references make that retain and its release slow ones (about eight locked
+        // instructions an event in all, for a check that is false once every connection has
+        // greeted). `loop` is the port's loop.
         if greetingTimer != nil, connection.hasGreeting, connection.greetingDeadline == nil {
             armGreetingTimer(loop)
         }

@@ -348,11 +348,7 @@ struct WireDecoder {
                                 "data component \(index) of \(length) bytes runs \(length - (end - offset)) "
                                     + "bytes past the end of frame \(header.msgid)")
             }
-            // `Array(_:)` (in `SpareBytes.copy`, when the spare lacks room) allocates in code
-            // specialized here and copies with one `memcpy` (in debug builds too); the
-            // `unsafeUninitializedCapacity` initializer goes through the standard library's
-            // unspecialized allocation, which looks the storage type up at run time (about 700
-            // instructions a message).
+            // Into the spare's storage when it fits, else a new array (see `SpareBytes.copy`).
             defer { offset += length }
             return .data(SpareBytes.copy(UnsafeRawBufferPointer(rebasing: raw[offset..<offset + length]), reusing: &spare))
         case WireFormat.portComponentType:
