@@ -1,8 +1,8 @@
 // Writes the fuzzers' seed corpora (Fuzz/Corpus/<fuzzer>), the frames made with WireEncoder.
 // Input formats: see `WireFuzzing.exercise`, `CheckInFuzzing.exercise`, `NameFuzzing.exercise` and
 // `ZMQFuzzing.exercise`. Regenerate from Fuzz/ with
-//   swiftc -parse-as-library ../Sources/PortKit/Wire/*.swift make-corpus.swift -o /tmp/make-corpus \
-//     && /tmp/make-corpus Corpus
+//   swiftc -parse-as-library -package-name PortKit ../Sources/PortKit/Wire/*.swift \
+//     make-corpus.swift -o /tmp/make-corpus && /tmp/make-corpus Corpus
 // Crash inputs the fuzzers found are added to their directories by hand, named crash-*.
 
 import Foundation
@@ -165,13 +165,14 @@ struct MakeCorpus {
     }
 
     /// ZMQFuzzing's seeds: frames, each a length byte (bit 7: the last of its message) and its
-    /// bytes. A PortKit message (protocol.md 10.2, version 2) is one frame; the multipart seeds
-    /// are what a confused or hostile peer sends.
+    /// bytes. A PortKit message (protocol.md 10.2, version 2) is one frame, or a part of a
+    /// batch's frame; the multipart seeds are what a confused or hostile peer sends.
     static func zmqSeeds() -> [(String, [UInt8])] {
         func le64(_ value: UInt64) -> [UInt8] { withUnsafeBytes(of: value.littleEndian) { Array($0) } }
         func header(msgid: UInt32, count: UInt16, reply: Bool = false, destination: UInt64 = 0,
-                    magic: [UInt8] = Array("PKZM".utf8), version: UInt16 = 2) -> [UInt8] {
-            magic + le(version) + le(UInt16(reply ? 1 : 0)) + le(msgid) + le(count) + le(UInt16(0)) + le64(destination)
+                    magic: [UInt8] = Array("PKZM".utf8), version: UInt16 = 2, followed: Bool = false) -> [UInt8] {
+            let flags = UInt16(reply ? 1 : 0) | UInt16(followed ? 2 : 0)
+            return magic + le(version) + le(flags) + le(msgid) + le(count) + le(UInt16(0)) + le64(destination)
         }
         func port(_ id: UInt64, _ endpoint: String) -> [UInt8] {
             [2] + le64(id) + le(UInt16(endpoint.utf8.count)) + Array(endpoint.utf8)
@@ -232,6 +233,13 @@ struct MakeCorpus {
                                                       + Array(repeating: port(1, "ipc://@p"), count: 5))),
             ("violation-then-message", [0] + message([header(msgid: 1, count: 1), data([1]), data([1])])
                                         + one([header(msgid: 2, count: 1), data([2])])),
+            ("batch-of-three", [0] + one([header(msgid: 1, count: 1, followed: true), data([1]),
+                                          header(msgid: 2, count: 0, reply: true, followed: true), me,
+                                          header(msgid: 3, count: 1, destination: 7), data(Array(repeating: 3, count: 40))])),
+            ("batch-followed-at-end", [0] + one([header(msgid: 1, count: 1, followed: true), data([1])])),
+            ("batch-broken-middle", [0] + one([header(msgid: 1, count: 1, followed: true), data([1]),
+                                               header(msgid: 2, count: 1, version: 3, followed: true), data([2]),
+                                               header(msgid: 3, count: 0)])),
             ("name-usual", [4] + Array("checkin-main".utf8)),
             ("name-sock-suffix", [4] + Array("x.sock".utf8)),
             ("name-sock-new-suffix", [4] + Array("x.sock.new".utf8)),

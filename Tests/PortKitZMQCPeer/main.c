@@ -25,6 +25,7 @@
 #define DATA_PREFIX 5    /* type, u32 length */
 #define PORT_PREFIX 11   /* type, u64 port id, u16 endpoint length */
 #define FLAG_REPLY_PORT 1
+#define FLAG_FOLLOWED 2  /* another message follows in the same frame (a batch) */
 #define TYPE_DATA 1
 #define TYPE_PORT 2
 
@@ -88,40 +89,50 @@ static int bad(const char *why) {
     return -1;
 }
 
+/// Reads the next message: the next one of the batch last received, or the first of a new frame.
 static int receive_message(void *socket, struct message *out, int timeout_ms) {
-    zmq_pollitem_t item = {socket, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&item, 1, timeout_ms) <= 0) return bad("no message in time");
+    static uint8_t frame[65536];
+    static size_t frame_size = 0, start = 0;  /* the frame held, and where its next message starts */
     memset(out, 0, sizeof *out);
-    static uint8_t buffer[8192];
-    int size = zmq_recv(socket, buffer, sizeof buffer, 0);
-    if (size < 0 || size > (int)sizeof buffer) return bad("bad frame");
-    int more = 0; size_t more_size = sizeof more;
-    zmq_getsockopt(socket, ZMQ_RCVMORE, &more, &more_size);
-    if (more) return bad("a message of more than one frame");
+    if (start >= frame_size) {
+        zmq_pollitem_t item = {socket, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&item, 1, timeout_ms) <= 0) return bad("no message in time");
+        int size = zmq_recv(socket, frame, sizeof frame, 0);
+        if (size < 0 || size > (int)sizeof frame) return bad("bad frame");
+        int more = 0; size_t more_size = sizeof more;
+        zmq_getsockopt(socket, ZMQ_RCVMORE, &more, &more_size);
+        if (more) return bad("a message of more than one frame");
+        frame_size = (size_t)size;
+        start = 0;
+    }
+    const uint8_t *buffer = frame + start;
+    size_t size = frame_size - start;
+    start = frame_size;  /* a broken message drops the rest of its frame */
     if (size < HEADER_SIZE || memcmp(buffer, "PKZM", 4) != 0 || get_u16(buffer + 4) != VERSION) return bad("not a PortKit header");
     int flags = get_u16(buffer + 6);
+    if (flags & ~(FLAG_REPLY_PORT | FLAG_FOLLOWED)) return bad("unknown header flags");
     out->msgid = get_u32(buffer + 8);
     int count = get_u16(buffer + 12);
     out->port_id = get_u64(buffer + 16);
     size_t offset = HEADER_SIZE;
     for (int i = 0; i < count + ((flags & FLAG_REPLY_PORT) ? 1 : 0); i++) {
         int is_reply = i == count;
-        if (offset >= (size_t)size) return bad("the message ends early");
+        if (offset >= size) return bad("the message ends early");
         if (buffer[offset] == TYPE_DATA && !is_reply) {
-            if ((size_t)size - offset < DATA_PREFIX) return bad("a cut data component");
+            if (size - offset < DATA_PREFIX) return bad("a cut data component");
             uint32_t length = get_u32(buffer + offset + 1);
             offset += DATA_PREFIX;
-            if (length > (size_t)size - offset) return bad("a data component longer than the message");
+            if (length > size - offset) return bad("a data component longer than the message");
             size_t used = strlen(out->text);
             size_t take = length < sizeof out->text - 1 - used ? length : sizeof out->text - 1 - used;
             memcpy(out->text + used, buffer + offset, take);
             offset += length;
         } else if (buffer[offset] == TYPE_PORT) {
-            if ((size_t)size - offset < PORT_PREFIX) return bad("a cut port component");
+            if (size - offset < PORT_PREFIX) return bad("a cut port component");
             uint64_t id = get_u64(buffer + offset + 1);
             uint16_t length = get_u16(buffer + offset + 9);
             offset += PORT_PREFIX;
-            if (length == 0 || length > 255 || length > (size_t)size - offset) return bad("a bad endpoint length");
+            if (length == 0 || length > 255 || length > size - offset) return bad("a bad endpoint length");
             if (is_reply) {
                 out->has_reply = 1;
                 out->reply_port = id;
@@ -132,7 +143,12 @@ static int receive_message(void *socket, struct message *out, int timeout_ms) {
             return bad("an unknown component type");
         }
     }
-    if (offset != (size_t)size) return bad("bytes after the last component");
+    if (flags & FLAG_FOLLOWED) {
+        if (offset == size) return bad("the frame ends where a FOLLOWED message announces another");
+        start = frame_size - size + offset;  /* the next message of the batch */
+    } else if (offset != size) {
+        return bad("bytes after the last component");
+    }
     return 0;
 }
 

@@ -8,6 +8,10 @@
 //                                            "refused CODE", then wait for a line or EOF on stdin
 //   PortKitZMQPeer flood ENDPOINT ID COUNT   send COUNT messages (msgid ID, data: the index as a
 //                                            little-endian u32) to ENDPOINT; print "done"
+//   PortKitZMQPeer burst ENDPOINT COUNT      send COUNT messages (msgid 1, data: the index as a
+//                                            little-endian u32) to ENDPOINT as fast as it can,
+//                                            print "sent" and exit at once: what a batch still
+//                                            holds must go out at exit
 //   PortKitZMQPeer checkin ENDPOINT          the guide's worker (Listings 3-14, 3-15) over
 //                                            ZeroMQ: bind its own port, check in with msgid 100
 //                                            carrying it, answer each msgid 1 with msgid 2 and
@@ -94,6 +98,19 @@ case "flood":
         _ = try right.sendRequest(PKZMQMessage(msgid: 0), sendTimeout: .seconds(60), receiveTimeout: .seconds(60))
     } catch { fail("flood: \(error)") }
     say("done")
+    exit(0)
+
+case "burst":
+    guard let count = Int(argument(2)) else { fail("burst ENDPOINT COUNT") }
+    do {
+        let right = try PKZMQSendPort(connectingTo: argument(1))
+        for index in 0..<count {
+            var data: [UInt8] = []
+            withUnsafeBytes(of: UInt32(index).littleEndian) { data.append(contentsOf: $0) }
+            try right.send(PKZMQMessage(msgid: 1, data: data), timeout: .seconds(60))
+        }
+    } catch { fail("burst: \(error)") }
+    say("sent")
     exit(0)
 
 case "checkin":

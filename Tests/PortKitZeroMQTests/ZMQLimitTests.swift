@@ -26,7 +26,9 @@ import PortKitZeroMQ
 
             let bad = try RawZMQSocket(pushingTo: port.endpoint)
             #expect(bad.waitForEvent(RawZMQSocket.handshakeSucceeded), "events: \(bad.seen)")
-            try bad.send([handMadeMessage(msgid: 666, data: [[UInt8](repeating: 0xEE, count: 2000)])])
+            // Over the largest frame a port takes: its limits' largest message, or a batch's
+            // 16 KiB if larger (here it is).
+            try bad.send([handMadeMessage(msgid: 666, data: [[UInt8](repeating: 0xEE, count: 20_000)])])
             // libzmq (ZMQ_MAXMSGSIZE) closes the offender's connection; the loop keeps serving.
             let deadline = PKDeadline.after(.seconds(10))
             var dropped = false

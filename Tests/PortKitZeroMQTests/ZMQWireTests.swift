@@ -9,9 +9,9 @@ import PortKit
 @Suite struct ZMQWireTests {
     static let limits = ZMQWireLimits(.default)
 
-    /// Feeds `frames` to a decoder, "more" on all but the last; returns each output.
+    /// Feeds `frames` to a decoder, "more" on all but the last; returns each output, in order.
     func decode(_ frames: [[UInt8]], decoder: inout ZMQMessageDecoder) -> [ZMQMessageDecoder.Output] {
-        frames.enumerated().map { index, frame in
+        frames.enumerated().flatMap { index, frame in
             frame.withUnsafeBytes { decoder.consume($0, more: index < frames.count - 1) }
         }
     }
@@ -116,7 +116,8 @@ import PortKit
             ("short header", [Array(header.prefix(23))]),
             ("bad magic", [with(3, 0x58)]),
             ("version 1", [with(4, 1)]),
-            ("unknown flag", [with(6, 2)]),
+            ("unknown flag", [with(6, 4)]),
+            ("FOLLOWED on the frame's last message", [with(6, 2)]),
             ("reserved field", [with(14, 1)]),
             ("too many components for the limits", [with(12, 0xFF, in: with(13, 0xFF))]),
             ("component missing", [oneComponent]),
@@ -154,6 +155,58 @@ import PortKit
             return
         }
         #expect(message.msgid == 9)
+    }
+
+    /// Messages one after another in one frame, each but the last flagged FOLLOWED.
+    func batch(_ messages: [[UInt8]]) -> [UInt8] {
+        var frame: [UInt8] = []
+        for (index, message) in messages.enumerated() {
+            var message = message
+            if index < messages.count - 1 { ZMQMessageEncoder.setFollowed(&message, headerAt: 0) }
+            frame += message
+        }
+        return frame
+    }
+
+    @Test func aBatchDecodesToItsMessagesInOrder() throws {
+        let reply = ZMQPortAddress(endpoint: "ipc://@batch-reply", portID: 4)
+        let messages = [
+            try encode(1, [.data(Array("one".utf8))]),
+            try encode(2, [], reply: reply),
+            try encode(3, destination: 9, [.data([7]), .port(ZMQPortAddress(endpoint: "tcp://127.0.0.1:5", portID: 0))]),
+        ]
+        var decoder = ZMQMessageDecoder(limits: Self.limits)
+        let outputs = decode([batch(messages)], decoder: &decoder)
+        let decoded = outputs.compactMap { output -> ZMQDecodedMessage? in if case .message(let m) = output { m } else { nil } }
+        #expect(decoded.count == 3 && outputs.count == 3)
+        #expect(decoded.map(\.msgid) == [1, 2, 3])
+        #expect(decoded.first?.components == [.data(Array("one".utf8))])
+        #expect(decoded.dropFirst().first?.reply == reply)
+        #expect(decoded.last?.destination == 9)
+        #expect(decoded.last?.components.count == 2)
+        // The first message's bytes, FOLLOWED aside, are what it is alone.
+        var first = Array(batch(messages).prefix(messages[0].count))
+        #expect(first != messages[0])
+        ZMQMessageEncoder.clearFollowed(&first)
+        #expect(first == messages[0])
+    }
+
+    @Test func aBrokenMessageInABatchDropsItAndTheRestOfTheFrameOnly() throws {
+        let good = try encode(1, [.data([1])])
+        var broken = try encode(2, [.data([2])])
+        broken[0] = 0x58  // bad magic
+        var decoder = ZMQMessageDecoder(limits: Self.limits)
+        let outputs = decode([batch([good, broken, good])], decoder: &decoder)
+        #expect(outputs.count == 2)
+        if case .message(let message) = outputs.first { #expect(message.msgid == 1) } else { Issue.record("the first message was dropped") }
+        if case .violation = outputs.last {} else { Issue.record("no violation for the broken message") }
+        #expect(decoder.isIdle)
+        // The next frame is read afresh.
+        #expect(decode([good], decoder: &decoder).count == 1)
+        // A message not flagged FOLLOWED ends its frame: bytes after it break it.
+        let unflagged = decode([good + good], decoder: &decoder)
+        #expect(unflagged.count == 1)
+        if case .violation = unflagged.first {} else { Issue.record("bytes after an unflagged message were accepted") }
     }
 
     @Test func multipartMessageIsOneViolation() {
@@ -195,6 +248,9 @@ import PortKit
         // ZMQ_MAXMSGSIZE: header, every data byte, a data prefix per component, the longest port per port.
         #expect(limits.largestFrame == 24 + 10 + 5 * 3 + 266 * 1)
         #expect(ZMQWireLimits(.default).largestFrame == 24 + 16 * 1024 * 1024 + 5 * 1024 + 266 * 16)
+        // A port takes a batch's frame whatever its limits.
+        #expect(limits.largestAcceptedFrame == 16 * 1024)
+        #expect(ZMQWireLimits(.default).largestAcceptedFrame == ZMQWireLimits(.default).largestFrame)
         // Limits too large to add up mean no limit, not an overflow.
         var unbounded = PKPortLimits()
         unbounded.maxDescriptors = .max

@@ -70,9 +70,15 @@ extension PKRunLoop {
     ///
     /// `nil` when its thread could not be started (the process is out of threads, memory or
     /// descriptors); a send then writes its pending bytes itself, waiting for room.
-    static var flusher: PKRunLoop? {
+    package static var flusher: PKRunLoop? {
         if flusherRefused.load(ordering: .relaxed) { return nil }
         return flusherLoop?.loop
+    }
+
+    /// Whether `flusher` is there, asked without retaining its loop (a retain of a loop takes
+    /// the slow path of its side table: weak references point to loops).
+    package static var hasFlusher: Bool {
+        !flusherRefused.load(ordering: .relaxed) && flusherLoop != nil
     }
 
     /// Makes `flusher` `nil` from now on, as in a process that could not start its thread: for

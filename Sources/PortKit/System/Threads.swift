@@ -72,10 +72,10 @@ enum ThreadScheduling {
 }
 
 /// Work to do when the process calls `exit` (`atexit(3)`), registered once per handler.
-enum ProcessExit {
+package enum ProcessExit {
     private static let handlers = PKMutex<[@Sendable () -> Void]>([])
 
-    static func register(_ handler: @escaping @Sendable () -> Void) {
+    package static func register(_ handler: @escaping @Sendable () -> Void) {
         let first = handlers.withLock { list in
             list.append(handler)
             return list.count == 1

@@ -97,10 +97,9 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
             let (msgid, destination) = (message.msgid, portID)
             let sent = bytes.withUnsafeBytes { data in
                 Result { () throws(PKError) in
-                    let frame = try ZMQOutgoingFrame(byteCount: byteCount) { frame in
+                    try connection.send(byteCount: byteCount, before: deadline) { frame in
                         ZMQMessageEncoder.writeData(msgid: msgid, destination: destination, data, into: frame)
                     }
-                    try connection.send(frame, before: deadline)
                 }
             }
             try sent.get()
@@ -128,10 +127,9 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
         on connection: ZMQConnection, before deadline: PKDeadline
     ) throws(PKError) where Components.Element: ZMQEncodableComponent {
         let byteCount = try ZMQMessageEncoder.measure(components: components, reply: reply, limits: Self.limits)
-        let frame = try ZMQOutgoingFrame(byteCount: byteCount) { frame in
+        try connection.send(byteCount: byteCount, before: deadline) { frame in
             ZMQMessageEncoder.write(msgid: msgid, destination: portID, components: components, reply: reply, into: frame)
         }
-        try connection.send(frame, before: deadline)
     }
 
     /// What a sender checks a message against (a receiver's default limits).

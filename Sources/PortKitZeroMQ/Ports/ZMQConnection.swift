@@ -5,25 +5,44 @@
 // message, so a message is never interleaved with another thread's (the lock, not a socket per
 // thread: a connection per endpoint and process keeps the order of all messages sent to it).
 //
+// Messages sent in a stream go out in batches (protocol.md 10.2): a message sent less than
+// `ZMQBatch.defaultWindow` after the previous one on the connection (and small enough) joins a batch,
+// one frame for many messages, which PortKit's flusher thread (`PKRunLoop.flusher`) sends when
+// the sender lets it run; a full batch is sent by the sender itself. libzmq's cost is per frame,
+// so a stream of small messages costs a fraction of it per message; a round trip's messages,
+// far apart, go alone and at once. docs/decisions.md, "Batches over ZeroMQ".
+//
 // Its monitor tells it when the peer goes: once connected (the ZMTP handshake succeeded), a
 // disconnection, whether the peer closed, died or fell silent past the heartbeat timeout, kills
 // the connection for good, as the death of a Mach port's receiver kills its send rights. A
 // connection that never succeeded keeps trying (ZeroMQ connects in the background); its
 // messages wait for it until their send deadline.
 
+import Logging
 import PortKit
 import Synchronization
 
+private let connectionLogger = Logger(label: "PortKitZeroMQ.ZMQConnection")
+
 final class ZMQConnection: @unchecked Sendable {
     let endpoint: ZMQEndpoint
-    /// The PUSH socket; nil once the connection is dead. Held for a whole send, waits included.
-    private let socket: ZMQMutex<ZMQSocket?>
+    /// The PUSH socket (nil once the connection is dead) and the batch being filled. Held for
+    /// a whole send, waits included.
+    private let sending: ZMQMutex<Sending>
     /// Wakes a send that waits for room when the connection dies.
     private let interrupt: InterruptSignal
     private let state = ZMQMutex<State>(State())
     /// Set, under `state`'s lock, when `deadReason` is: a live connection answers `deadReason`
     /// (every send asks) with one load instead of a lock.
     private let isDead = Atomic<Bool>(false)
+    /// Set when libzmq has let go of the socket (its monitor stopped): after a close, once the
+    /// messages it held are written or its linger has passed.
+    private let socketReleased = Atomic<Bool>(false)
+
+    private struct Sending {
+        var socket: ZMQSocket?
+        var batch = ZMQBatch()
+    }
 
     private struct State {
         var established = false
@@ -40,9 +59,11 @@ final class ZMQConnection: @unchecked Sendable {
         let monitor = try ZMQMonitor(monitoring: push)
         try push.connect(endpoint.description)
         interrupt = try InterruptSignal()
-        socket = ZMQMutex(push)
+        sending = ZMQMutex(Sending(socket: push))
         monitor.start { [weak self] event in self?.monitorReported(event) }
     }
+
+    deinit { sending.withLock { $0.batch.deallocate() } }
 
     /// Why the connection died, or nil while it lives. Safe from any thread.
     var deadReason: String? {
@@ -55,33 +76,129 @@ final class ZMQConnection: @unchecked Sendable {
 
     // MARK: - Sending
 
-    /// Sends one message (its one frame), waiting for room (or for the connection) until
-    /// `deadline`.
+    /// Sends one message of `byteCount` bytes, which `write` writes: into a batch, or into a
+    /// frame of its own, waiting for room (or for the connection) until `deadline`. The
+    /// message is sent whole or not at all; one that joins a batch is sent with it, after
+    /// every message sent before it on this connection.
     ///
     /// - Throws: `.invalidPort` (the connection is or became dead), `.sendTimedOut`, `.transport`.
-    func send(_ frame: consuming ZMQOutgoingFrame, before deadline: PKDeadline) throws(PKError) {
-        try socket.withLock { socket throws(PKError) in
-            while true {
-                if let reason = deadReason { throw PKError(.invalidPort, "cannot send to \(endpoint): \(reason)") }
-                // Used in place (`socket?.`), not bound to a constant: a binding would retain it.
-                guard let sent = try socket?.send(&frame) else {
-                    throw PKError(.invalidPort, "cannot send to \(endpoint): the connection is closed")
+    func send(byteCount: Int, before deadline: PKDeadline, _ write: (UnsafeMutableRawBufferPointer) -> Void) throws(PKError) {
+        let flushNeeded = try sending.withLock { sending throws(PKError) -> Bool in
+            if let reason = deadReason { throw PKError(.invalidPort, "cannot send to \(endpoint): \(reason)") }
+            // The clock is read only when no batch is open: while one is, a small message joins it.
+            let batching = sending.batch.count > 0
+            let now = batching ? sending.batch.lastSend : PKDeadline.now.uptimeNanoseconds
+            if byteCount <= ZMQBatch.messageLimit, batching || now &- sending.batch.lastSend < sending.batch.window, PKRunLoop.hasFlusher {
+                if !batching {
+                    sending.batch.lastSend = now
+                } else if sending.batch.count + byteCount > ZMQBatch.capacity {
+                    try flush(&sending, before: deadline)
+                    sending.batch.lastSend = PKDeadline.now.uptimeNanoseconds
                 }
-                if sent { return }
-                guard let socket else { continue }  // not nil: it has just been used, under the lock
-                // The edge rule for sending: read ZMQ_EVENTS (which rearms ZMQ_FD) and try again
-                // while it shows room; only then sleep on ZMQ_FD.
-                if socket.events.canSend { continue }
-                if deadline.hasPassed {
-                    let why = isEstablished
-                        ? "the receiver's queue stayed full until the send deadline"
-                        : "no connection to \(endpoint) was made before the send deadline"
-                    throw PKError(.sendTimedOut, "\(why); nothing was sent")
-                }
-                _ = Descriptors.waitReadable([socket.pollDescriptor, interrupt.descriptor], until: deadline)
+                // Written outside the batch's own code, so that the caller's closure does not
+                // meet the lock's value (it writes raw memory the batch lends for the call).
+                nonisolated(unsafe) let area = sending.batch.reserve(byteCount: byteCount)
+                write(area)
+                defer { sending.batch.flushQueued = true }
+                return !sending.batch.flushQueued
             }
+            if batching { try flush(&sending, before: deadline) }
+            try send(ZMQOutgoingFrame(byteCount: byteCount, write), on: &sending, before: deadline)
+            sending.batch.lastSend = batching ? PKDeadline.now.uptimeNanoseconds : now
+            return false
+        }
+        if flushNeeded { queueFlush() }
+    }
+
+    /// Sends the batch as one frame, waiting for room until `deadline`; it is kept if the
+    /// deadline passes first.
+    private func flush(_ sending: inout Sending, before deadline: PKDeadline) throws(PKError) {
+        guard sending.batch.count > 0 else { return }
+        let frame = try sending.batch.frame()
+        try send(frame, on: &sending, before: deadline)
+        sending.batch.count = 0
+    }
+
+    /// Sends one frame, waiting for room (or for the connection) until `deadline`.
+    private func send(_ frame: consuming ZMQOutgoingFrame, on sending: inout Sending, before deadline: PKDeadline) throws(PKError) {
+        while true {
+            if let reason = deadReason { throw PKError(.invalidPort, "cannot send to \(endpoint): \(reason)") }
+            // Used in place (`sending.socket?.`), not bound to a constant: a binding would retain it.
+            guard let sent = try sending.socket?.send(&frame) else {
+                throw PKError(.invalidPort, "cannot send to \(endpoint): the connection is closed")
+            }
+            if sent { return }
+            guard let socket = sending.socket else { continue }  // not nil: it has just been used, under the lock
+            // The edge rule for sending: read ZMQ_EVENTS (which rearms ZMQ_FD) and try again
+            // while it shows room; only then sleep on ZMQ_FD.
+            if socket.events.canSend { continue }
+            if deadline.hasPassed {
+                let why = isEstablished
+                    ? "the receiver's queue stayed full until the send deadline"
+                    : "no connection to \(endpoint) was made before the send deadline"
+                throw PKError(.sendTimedOut, "\(why); nothing was sent")
+            }
+            _ = Descriptors.waitReadable([socket.pollDescriptor, interrupt.descriptor], until: deadline)
         }
     }
+
+    /// Has the flusher send the batch once the sender lets it run (or at once, on a CPU of its
+    /// own).
+    private func queueFlush() {
+        guard let flusher = PKRunLoop.flusher else { return }
+        flusher.perform { [self] in flushQueuedBatch() }
+    }
+
+    /// On the flusher's thread: sends the batch if the socket has room now; if not, tries again
+    /// in a millisecond (the receiver is behind, and the batch waits for it as a full socket's
+    /// messages do). A batch of a connection that died is dropped with it.
+    private func flushQueuedBatch() {
+        let again = sending.withLock { sending -> Duration? in
+            sending.batch.flushQueued = false
+            guard sending.batch.count > 0, sending.socket != nil, deadReason == nil else { return nil }
+            do throws(PKError) {
+                try flush(&sending, before: .now)
+                sending.batch.retries = 0
+                return nil
+            } catch {
+                if error.code == .sendTimedOut {
+                    sending.batch.flushQueued = true
+                    return sending.batch.nextRetry()
+                }
+                connectionLogger.error("a batch of \(sending.batch.count) bytes to \(endpoint) was lost: \(error)")
+                sending.batch.count = 0
+                return nil
+            }
+        }
+        if let again {
+            PKRunLoop.current.scheduleTimer(after: again, forMode: .common) { [self] _ in flushQueuedBatch() }
+        }
+    }
+
+    /// Makes messages sent less than `nanoseconds` apart join a batch (tests: a window wide
+    /// enough that a slow machine or a sanitizer still batches).
+    func setBatchWindow(_ nanoseconds: UInt64) {
+        sending.withLock { $0.batch.window = nanoseconds }
+    }
+
+    /// At the process's exit: sends the batch (waiting a little for room) and closes the
+    /// socket, which lingers until libzmq has written what it holds (`waitUntilReleased`). A
+    /// message sent after this fails with `.invalidPort`. Returns whether there is anything to
+    /// wait for.
+    fileprivate func closeBeforeExit() -> Bool {
+        sending.withLock { sending in
+            guard deadReason == nil, sending.socket != nil else { return false }
+            try? flush(&sending, before: .after(ZMQBatch.exitPatience))
+            sending.batch.count = 0
+            sending.socket?.close()
+            sending.socket = nil
+            return true
+        }
+    }
+
+    /// Whether libzmq has let go of the closed socket: it wrote the messages it held, or its
+    /// linger passed.
+    fileprivate var isReleased: Bool { socketReleased.load(ordering: .acquiring) }
 
     // MARK: - Death
 
@@ -131,10 +248,11 @@ final class ZMQConnection: @unchecked Sendable {
             return (Array(state.deathHandlers.values), state.establishedHandlers)
         }
         interrupt.signal()
-        socket.withLock { socket in
-            try? socket?.setOption(ZMQOption.linger, 0)
-            socket?.close()
-            socket = nil
+        sending.withLock { sending in
+            try? sending.socket?.setOption(ZMQOption.linger, 0)
+            sending.socket?.close()
+            sending.socket = nil
+            sending.batch.count = 0
         }
         ZMQConnectionCache.shared.forget(self)
         for handler in waiting { handler(false) }
@@ -150,6 +268,8 @@ final class ZMQConnection: @unchecked Sendable {
                 return state.establishedHandlers
             }
             for handler in waiting { handler(true) }
+        case ZMQMonitorEvent.monitorStopped:
+            socketReleased.store(true, ordering: .releasing)
         case ZMQMonitorEvent.disconnected:
             if isEstablished { die("the port at \(endpoint) is gone (its connection closed, or its heartbeat stopped)") }
         case let failed where failed & ZMQMonitorEvent.handshakeFailed != 0:
@@ -173,6 +293,26 @@ final class ZMQConnectionCache: Sendable {
         var recent: [ZMQConnection] = []
     }
     private let state = ZMQMutex<State>(State())
+
+    private init() {
+        ProcessExit.register { ZMQConnectionCache.shared.closeBeforeExit() }
+    }
+
+    /// At the process's exit, what its connections hold goes out: each sends its batch and
+    /// closes its socket, and the exit waits (up to the sockets' linger and a little more) until
+    /// libzmq has written every message it held. libzmq's context is never terminated, so
+    /// without this the messages still queued in it when the process ends are lost. The wait
+    /// needs the background loop, which reads the sockets' monitors: an exit from its thread
+    /// does not wait.
+    private func closeBeforeExit() {
+        let live = state.withLock { state in state.byEndpoint.values.compactMap(\.connection) }
+        let closing = live.filter { $0.closeBeforeExit() }
+        guard !closing.isEmpty, !PKRunLoop.background.isOwnedByCurrentThread else { return }
+        let deadline = PKDeadline.after(.milliseconds(Int64(ZMQSocket.closingLinger) + 500))
+        while !closing.allSatisfy(\.isReleased) && !deadline.hasPassed {
+            _ = Descriptors.waitReadable([], until: .after(.milliseconds(1)))  // a pause: poll(2) with nothing to watch
+        }
+    }
 
     /// The live connection to `endpoint`, made if there is none.
     func connection(to endpoint: ZMQEndpoint) throws(PKError) -> ZMQConnection {
@@ -199,6 +339,63 @@ final class ZMQConnectionCache: Sendable {
             state.recent.removeAll { $0 === connection }
             state.byEndpoint = state.byEndpoint.filter { $0.value.connection != nil }
         }
+    }
+}
+
+/// The batch a connection fills (protocol.md 10.2): messages one after another in memory of its
+/// own, each but the last flagged FOLLOWED. Under the connection's sending lock; the connection
+/// frees its memory when it goes.
+struct ZMQBatch {
+    /// The largest batch, in bytes: one frame.
+    static let capacity = ZMQWireFormat.largestBatch
+    /// The largest message that joins a batch; a larger one goes alone (the batch first).
+    static let messageLimit = 2 * 1024
+    /// A send this soon after the previous one on the connection joins a batch (nanoseconds).
+    /// A stream's sends come well under a microsecond apart, a round trip's far more than this.
+    static let defaultWindow: UInt64 = 2_000
+    /// How long a batch waits for room when the process exits.
+    static let exitPatience = Duration.milliseconds(200)
+
+    private var area: UnsafeMutableRawBufferPointer?
+    /// The bytes in the batch.
+    var count = 0
+    /// Where the last message's header starts.
+    private var lastHeader = 0
+    /// When the connection last sent a message (nanoseconds of uptime).
+    var lastSend: UInt64 = 0
+    /// Whether the flusher has been asked to send the batch.
+    var flushQueued = false
+    /// This connection's window (`defaultWindow`; the tests widen it).
+    var window = defaultWindow
+    /// How many times in a row the flusher found the receiver's queue full.
+    var retries = 0
+
+    /// How soon the flusher tries again after finding the receiver's queue full: 1 ms, twice as
+    /// long each time up to 64 ms (a receiver that stays behind costs its sender's flusher a
+    /// wake-up every 64 ms, not one a millisecond).
+    mutating func nextRetry() -> Duration {
+        defer { retries += 1 }
+        return .milliseconds(1 << min(retries, 6))
+    }
+
+    func deallocate() { area?.deallocate() }
+
+    /// Adds room for a message of `byteCount` bytes (at most `capacity - count`), for the
+    /// caller to write at once: the message's own bytes, flagged FOLLOWED later if another
+    /// joins.
+    mutating func reserve(byteCount: Int) -> UnsafeMutableRawBufferPointer {
+        let area = self.area ?? UnsafeMutableRawBufferPointer.allocate(byteCount: Self.capacity, alignment: 8)
+        self.area = area
+        if count > 0 { ZMQMessageEncoder.markFollowed(in: area, headerAt: lastHeader) }
+        lastHeader = count
+        count += byteCount
+        return UnsafeMutableRawBufferPointer(rebasing: area[lastHeader..<count])
+    }
+
+    /// The batch's bytes in a frame to send.
+    func frame() throws(PKError) -> ZMQOutgoingFrame {
+        let bytes = UnsafeRawBufferPointer(rebasing: area![0..<count])
+        return try ZMQOutgoingFrame(byteCount: count) { frame in frame.copyMemory(from: bytes) }
     }
 }
 #endif

@@ -39,6 +39,10 @@ final class ZMQInbox: @unchecked Sendable {
         /// Reads the socket's ZMQ_EVENT_CLOSED events, to close synchronously.
         var closedEvents: ZMQSocket?
         var decoder: ZMQDecoder<PKZMQComponent>
+        /// The frame being read: a batch's messages are taken one at a time, across wake-ups.
+        let frame = ZMQHeldFrame()
+        /// Frames received so far (the tests tell batches from single messages by it).
+        var framesReceived = 0
         var claims: [EndpointClaim] = []
         /// The endpoints bound, as libzmq resolved them.
         var bound: [String] = []
@@ -72,6 +76,7 @@ final class ZMQInbox: @unchecked Sendable {
             // Stop the monitor before closing its reader: libzmq sends monitor events with a
             // blocking send, so an event for a reader that is gone would block its I/O thread.
             try? socket?.monitor(nil, events: 0)
+            frame.release()
             socket?.close()
             socket = nil
             closedEvents?.close()
@@ -208,6 +213,9 @@ final class ZMQInbox: @unchecked Sendable {
 
     var isOpen: Bool { io.mutex.withLock { $0.socket != nil } }
 
+    /// The frames received so far, whole batches or single messages. Safe from any thread.
+    var framesReceived: Int { io.mutex.withLock { $0.framesReceived } }
+
     // MARK: - Scheduling (loop-only)
 
     /// Adds the inbox's sources to `mode` of the calling thread's loop, and drains what already
@@ -320,41 +328,43 @@ final class ZMQInbox: @unchecked Sendable {
         case none, message(ZMQDecoded<PKZMQComponent>), violation(String), skipped
     }
 
-    /// Receives one whole message (one frame; a peer's multipart message is read to its end,
-    /// libzmq delivers all its frames at once); `.none` when the socket has none. A
-    /// non-blocking receive that finds nothing has processed the socket's pending commands, so
-    /// it consumes ZMQ_FD's signal as reading ZMQ_EVENTS would: no need to read ZMQ_EVENTS per
-    /// message (a system call each).
+    /// Takes the next message: the next of the batch being read, or the first of the next
+    /// frame (a peer's multipart message is read to its end, libzmq delivers all its frames at
+    /// once, and dropped); `.none` when the socket has none. A non-blocking receive that finds
+    /// nothing has processed the socket's pending commands, so it consumes ZMQ_FD's signal as
+    /// reading ZMQ_EVENTS would: no need to read ZMQ_EVENTS per message (a system call each).
     private func receiveOne() -> Received {
         io.mutex.withLock { io -> Received in
             // The socket is used in place (`io.socket?.`), not bound to a constant: a binding
-            // would retain and release it for every message. The decoder (its limits and a
-            // flag) is copied out and back, since the frame's closure cannot reach into `io`
-            // while the socket is read through it.
-            var decoder = io.decoder
-            defer { io.decoder = decoder }
+            // would retain and release it for every frame.
+            let frame = io.frame
+            if frame.isHeld { return read(frame, with: io.decoder) }
             var outcome = Received.none
             while true {
-                var more = false
-                var output = ZMQDecoder<PKZMQComponent>.Output.needMore
                 let got: Bool?
-                do throws(PKError) {
-                    got = try io.socket?.receiveFrame { bytes, hasMore in
-                        more = hasMore
-                        output = decoder.consume(bytes, more: hasMore, reusing: &spare)
-                    }
-                } catch {
+                do throws(PKError) { got = try io.socket?.receive(into: frame) } catch {
                     return .violation("receiving failed: \(error)")
                 }
                 guard got == true else { return outcome }
+                io.framesReceived += 1
+                guard let verdict = io.decoder.begin(frameWithMore: frame.more) else { return read(frame, with: io.decoder) }
+                let more = frame.more
+                frame.release()
+                if case .violation(let reason) = verdict { outcome = .violation(reason) }
                 if case .none = outcome { outcome = .skipped }
-                switch output {
-                case .needMore: break
-                case .message(let message): outcome = .message(message)
-                case .violation(let reason): outcome = .violation(reason)
-                }
                 if !more { return outcome }
             }
+        }
+    }
+
+    /// The message at the held frame's offset; releases the frame after its last.
+    private func read(_ frame: ZMQHeldFrame, with decoder: ZMQDecoder<PKZMQComponent>) -> Received {
+        let output = decoder.next(in: frame.bytes, at: &frame.offset, reusing: &spare)
+        if frame.offset >= frame.bytes.count { frame.release() }
+        switch output {
+        case .message(let message): return .message(message)
+        case .violation(let reason): return .violation(reason)
+        case .needMore: return .skipped
         }
     }
 }

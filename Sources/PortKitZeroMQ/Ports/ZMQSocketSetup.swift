@@ -6,11 +6,12 @@ import PortKit
 
 extension ZMQSocket {
     /// A PULL socket for a receive port: `ZMQ_MAXMSGSIZE` from the largest frame the limits
-    /// allow (libzmq drops the connection of a peer that sends a bigger one), `ZMQ_RCVHWM` from
+    /// allow, or a batch's if larger (libzmq drops the connection of a peer that sends a bigger
+    /// one), `ZMQ_RCVHWM` from
     /// `maxQueuedMessages`, heartbeats.
     static func receiving(limits: PKPortLimits) throws(PKError) -> ZMQSocket {
         let socket = try ZMQSocket(.pull)
-        try socket.setOption(ZMQOption.maxMessageSize, int64: Int64(ZMQWireLimits(limits).largestFrame))
+        try socket.setOption(ZMQOption.maxMessageSize, int64: Int64(ZMQWireLimits(limits).largestAcceptedFrame))
         try socket.setOption(ZMQOption.receiveHighWaterMark, Int32(clamping: limits.maxQueuedMessages))
         try socket.applyHeartbeat(PKZMQTransport.heartbeat)
         return socket

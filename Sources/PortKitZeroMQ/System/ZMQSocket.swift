@@ -101,6 +101,58 @@ struct ZMQOutgoingFrame: ~Copyable, @unchecked Sendable {
     }
 }
 
+/// A frame received and kept (a `zmq_msg_t` of its own, allocated once), so that the messages
+/// of a batch can be read from it one at a time: `ZMQSocket.receive(into:)` fills it, `release`
+/// frees the frame's bytes. Not thread-safe: its owner keeps it under the socket's lock.
+final class ZMQHeldFrame {
+    private let message: UnsafeMutablePointer<zmq_msg_t>
+    /// Whether it holds a frame.
+    private(set) var isHeld = false
+    /// Whether more frames of the same ZeroMQ message follow (libzmq's "more").
+    private(set) var more = false
+    /// Where reading its bytes has got to; its owner's.
+    var offset = 0
+
+    init() {
+        message = .allocate(capacity: 1)
+        _ = zmq_msg_init(message)
+    }
+
+    deinit {
+        _ = zmq_msg_close(message)
+        message.deallocate()
+    }
+
+    /// The frame's bytes (empty when none is held); valid until `release` or the next receive.
+    var bytes: UnsafeRawBufferPointer {
+        let size = isHeld ? zmq_msg_size(message) : 0
+        return UnsafeRawBufferPointer(start: size == 0 ? nil : zmq_msg_data(message), count: size)
+    }
+
+    /// Frees the frame's bytes; idempotent.
+    func release() {
+        guard isHeld else { return }
+        _ = zmq_msg_close(message)
+        _ = zmq_msg_init(message)
+        isHeld = false
+        more = false
+        offset = 0
+    }
+
+    fileprivate func received(from socket: UnsafeMutableRawPointer) throws(PKError) -> Bool {
+        release()
+        while zmq_msg_recv(message, socket, ZMQ_DONTWAIT) < 0 {
+            let err = zmq_errno()
+            if err == EINTR { continue }
+            if err == EAGAIN { return false }
+            throw ZMQError.make(.transport, "zmq_msg_recv", "receiving a ZeroMQ frame failed", errno: err)
+        }
+        isHeld = true
+        more = zmq_msg_more(message) != 0
+        return true
+    }
+}
+
 /// A libzmq socket. Owns the socket: `close()` it (the deinit closes one that was not).
 /// Not thread-safe: see the file header.
 final class ZMQSocket {
@@ -249,6 +301,14 @@ final class ZMQSocket {
             throw ZMQError.make(.transport, "zmq_msg_send", "sending a ZeroMQ frame failed", errno: err)
         }
         return true
+    }
+
+    /// Receives one frame without waiting into `frame`, which keeps it until it is released or
+    /// receives again. The corresponding call is `zmq_msg_recv(3)` with `ZMQ_DONTWAIT`.
+    ///
+    /// - Returns: false if no frame was waiting (`frame` then holds none).
+    func receive(into frame: ZMQHeldFrame) throws(PKError) -> Bool {
+        try frame.received(from: open)
     }
 
     /// Receives one frame without waiting and passes its bytes to `body`, with whether more

@@ -7,7 +7,8 @@ import PortKit
 
 /// Drives a `ZMQMessageDecoder` with the frames of messages a fuzzer chose (one frame each, as
 /// PortKit sends them, or multipart, as a confused or hostile peer may), as libzmq hands them to
-/// a receive port, and traps when a property of the mapping (protocol.md section 10) or of the
+/// a receive port, reading each frame's messages one at a time as a receive port does (a frame
+/// may be a batch), and traps when a property of the mapping (protocol.md section 10) or of the
 /// name service's messages (10.10) breaks.
 ///
 /// ```
@@ -31,16 +32,20 @@ import PortKit
 /// wire can carry (every endpoint at most 255 bytes) is encoded with `ZMQMessageEncoder` and
 /// decoded: one that `ZMQMessageEncoder.measure` accepts under the decoder's limits and whose
 /// endpoints PortKit accepts decodes to exactly itself; any other is dropped as a violation.
+/// Then all of them go in one frame, as a batch: it decodes to the valid ones up to the first
+/// invalid one, which drops the rest of the frame.
 ///
 /// The properties, each checked with `precondition`:
 /// - Boundaries: a message is delivered only from a message of one frame, and after a frame
 ///   without "more" the decoder is between messages whatever came before (one message never
-///   spoils the next).
+///   spoils the next frame). Each message read from a frame takes bytes; a violation ends the
+///   frame. `consume(_:more:)`, which the tests use, reads the same messages.
 /// - A delivered message is valid by the sender's rules (`ZMQMessageEncoder.measure`), and each of
 ///   its endpoints is one PortKit accepts, written canonically (`ZMQEndpoint`'s `description`
 ///   gives back its very bytes).
-/// - Canonical: re-encoding a delivered message gives exactly the frame it came from.
-/// - Round trip: that frame, through a fresh decoder, gives the same message.
+/// - Canonical: re-encoding a delivered message gives exactly its bytes in the frame it came
+///   from, FOLLOWED aside (set exactly when it is not the frame's last).
+/// - Round trip: those bytes, through a fresh decoder, give the same message.
 /// - The name service: a delivered message that the server reads as a request
 ///   (`ZMQNameProtocol.request`, on the message the receive port makes of it) is exactly the
 ///   request a client writes for that name and port; one the client reads as a reply
@@ -110,28 +115,47 @@ enum ZMQFuzzing {
         return messages
     }
 
-    /// Feeds one multipart message, "more" on every frame but the last, and checks what comes
-    /// out; returns the message delivered, if any.
+    /// Feeds one multipart message, "more" on every frame but the last, reads each message of
+    /// a frame as a receive port does, and checks what comes out; returns the messages
+    /// delivered.
     @discardableResult
     private static func consume(_ frames: [[UInt8]], with decoder: inout ZMQMessageDecoder,
-                                limits: ZMQWireLimits) -> ZMQDecodedMessage? {
+                                limits: ZMQWireLimits) -> [ZMQDecodedMessage] {
         precondition(decoder.isIdle, "ZMQFuzzing: the decoder is not between messages at a message's start")
-        var delivered: ZMQDecodedMessage?
+        var delivered: [ZMQDecodedMessage] = []
         for (index, frame) in frames.enumerated() {
             let more = index < frames.count - 1
-            let output = frame.withUnsafeBytes { decoder.consume($0, more: more) }
-            if case .message(let message) = output {
-                precondition(frames.count == 1, "ZMQFuzzing: a message was delivered from \(frames.count) frames")
-                delivered = message
+            if decoder.begin(frameWithMore: more) != nil { continue }
+            precondition(frames.count == 1, "ZMQFuzzing: messages were read from a message of \(frames.count) frames")
+            frame.withUnsafeBytes { raw in
+                var offset = 0
+                var none: [UInt8] = []
+                repeat {
+                    let start = offset
+                    switch decoder.next(in: raw, at: &offset, reusing: &none) {
+                    case .message(let message):
+                        precondition(offset > start, "ZMQFuzzing: a message was read from no bytes")
+                        delivered.append(message)
+                        check(message, from: Array(raw[start..<offset]), followed: offset < raw.count, limits: limits)
+                    case .violation:
+                        precondition(offset == raw.count, "ZMQFuzzing: reading went on after a violation")
+                    case .needMore:
+                        preconditionFailure("ZMQFuzzing: reading a frame's message answered needMore")
+                    }
+                } while offset < raw.count
             }
+            // The convenience that the tests use reads the same.
+            let outputs = frame.withUnsafeBytes { var fresh = ZMQMessageDecoder(limits: limits); return fresh.consume($0, more: false) }
+            let messages = outputs.compactMap { output -> ZMQDecodedMessage? in if case .message(let m) = output { m } else { nil } }
+            precondition(messages == delivered, "ZMQFuzzing: consume(_:more:) reads another list of messages")
         }
         precondition(decoder.isIdle, "ZMQFuzzing: the decoder is not between messages after a frame without \"more\"")
-        if let delivered { check(delivered, from: frames, limits: limits) }
         return delivered
     }
 
-    /// Checks a delivered message against the frames it came from.
-    private static func check(_ message: ZMQDecodedMessage, from frames: [[UInt8]], limits: ZMQWireLimits) {
+    /// Checks a delivered message against its bytes in the frame it came from (`followed`: it is
+    /// not the frame's last, so its header carries FOLLOWED).
+    private static func check(_ message: ZMQDecodedMessage, from bytes: [UInt8], followed: Bool, limits: ZMQWireLimits) {
         var addresses: [ZMQPortAddress] = message.reply.map { [$0] } ?? []
         for case .port(let address) in message.components { addresses.append(address) }
         let encoded: [UInt8]
@@ -149,18 +173,21 @@ enum ZMQFuzzing {
             }
         }
 
-        // Canonical, and round trip through a fresh decoder.
-        precondition([encoded] == frames, "ZMQFuzzing: \(message) re-encodes to another frame than it came from")
+        // Canonical (FOLLOWED aside), and round trip through a fresh decoder.
+        var own = bytes
+        if followed { ZMQMessageEncoder.clearFollowed(&own) }
+        precondition(encoded == own, "ZMQFuzzing: \(message) re-encodes to other bytes than it came from")
         var fresh = ZMQMessageDecoder(limits: limits)
-        var again: ZMQDecodedMessage?
-        if case .message(let message) = encoded.withUnsafeBytes({ fresh.consume($0, more: false) }) { again = message }
-        precondition(again == message, "ZMQFuzzing: \(message) round-trips to \(String(describing: again))")
+        let again = encoded.withUnsafeBytes { fresh.consume($0, more: false) }
+        var same = false
+        if again.count == 1, case .message(let decoded) = again[0] { same = decoded == message }
+        precondition(same, "ZMQFuzzing: \(message) round-trips to \(again)")
 
-        checkNameService(message, frames: frames)
+        checkNameService(message, bytes: own)
     }
 
     /// The name service's reading of a delivered message, as a request and as a reply.
-    private static func checkNameService(_ decoded: ZMQDecodedMessage, frames: [[UInt8]]) {
+    private static func checkNameService(_ decoded: ZMQDecodedMessage, bytes: [UInt8]) {
         let message = PKZMQMessage(decoded)  // as the receive port delivers it; connects nothing
         if let request = ZMQNameProtocol.request(message) {
             let (msgid, name, port): (UInt32, String, PKZMQSendPort?) = switch request {
@@ -172,7 +199,7 @@ enum ZMQFuzzing {
             var components: [ZMQWireComponent] = [.data(Array(name.utf8))]
             if let port { components.append(.port(port.right.address)) }
             let written = encode(msgid, decoded.destination, components, decoded.reply)
-            precondition(written.map { [$0] } == frames, "ZMQFuzzing: the request \(request) is not what a client writes for it")
+            precondition(written == bytes, "ZMQFuzzing: the request \(request) is not what a client writes for it")
             checkName(name)
         }
 
@@ -206,7 +233,7 @@ enum ZMQFuzzing {
             }
         }
         let written = encode(reply.msgid, decoded.destination, components, decoded.reply)
-        precondition(written.map { [$0] } == frames, "ZMQFuzzing: a reply read as \(status) is not what the server writes for it")
+        precondition(written == bytes, "ZMQFuzzing: a reply read as \(status) is not what the server writes for it")
     }
 
     /// The name rule, byte by byte: 1 to 64 bytes from `A-Z a-z 0-9 . _ -`, the first not a dot.
@@ -302,6 +329,10 @@ enum ZMQFuzzing {
         }
 
         var decoder = ZMQMessageDecoder(limits: limits)
+        var batch: [UInt8] = []
+        var expectedInBatch: [ZMQDecodedMessage] = []
+        var batchBroken = false
+        var lastLength = 0
         for described in messages {
             guard let frame = encode(described.msgid, described.destination, described.components, described.reply) else {
                 continue
@@ -313,15 +344,25 @@ enum ZMQFuzzing {
                 valid = false
             }
             let delivered = consume([frame], with: &decoder, limits: limits)
+            let expected = ZMQDecodedMessage(
+                msgid: described.msgid, destination: described.destination, components: described.components,
+                reply: described.reply)
             if valid {
-                let expected = ZMQDecodedMessage(
-                    msgid: described.msgid, destination: described.destination, components: described.components,
-                    reply: described.reply)
-                precondition(delivered == expected, "ZMQFuzzing: a valid message decodes as \(String(describing: delivered))")
+                precondition(delivered == [expected], "ZMQFuzzing: a valid message decodes as \(delivered)")
             } else {
-                precondition(delivered == nil, "ZMQFuzzing: an invalid message was delivered: \(delivered!)")
+                precondition(delivered.isEmpty, "ZMQFuzzing: an invalid message was delivered: \(delivered)")
             }
+            // The same messages in one frame, as a batch (protocol.md 10.2): read up to the first
+            // invalid one, which drops the rest of the frame.
+            if !batch.isEmpty { ZMQMessageEncoder.setFollowed(&batch, headerAt: batch.count - lastLength) }
+            lastLength = frame.count
+            batch += frame
+            if !valid { batchBroken = true }
+            if !batchBroken { expectedInBatch.append(expected) }
         }
+        guard !batch.isEmpty else { return }
+        let delivered = consume([batch], with: &decoder, limits: limits)
+        precondition(delivered == expectedInBatch, "ZMQFuzzing: a batch decodes as \(delivered), not \(expectedInBatch)")
     }
 }
 #endif

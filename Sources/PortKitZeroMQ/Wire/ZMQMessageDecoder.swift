@@ -1,9 +1,11 @@
 #if ZeroMQ
 // The reading side of protocol.md's ZeroMQ mapping: a pure state machine fed one frame at a
 // time (its bytes and libzmq's "more" flag), answering "need more", "a message", or "a
-// violation". A message is one frame; a violation drops that one message: the decoder skips the
-// rest of its frames, if it has more, and starts afresh with the next message. No sockets here:
-// the tests feed it frames by hand.
+// violation". A frame holds one message, or a batch of them one after another (each but the
+// last flagged FOLLOWED); a violation drops the message it is in and the rest of its frame,
+// never the port. A ZeroMQ message of several frames is dropped whole: the decoder skips the
+// rest of its frames and starts afresh with the next. No sockets here: the tests feed it frames
+// by hand.
 
 import PortKit
 
@@ -81,15 +83,25 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
     /// Whether the decoder is between messages.
     var isIdle: Bool { !discarding }
 
-    /// Takes the next frame of the stream.
-    mutating func consume(_ frame: UnsafeRawBufferPointer, more: Bool) -> Output {
+    /// Takes the next frame of the stream and returns what it holds, in order: each message of
+    /// a batch, up to a violation that drops the rest of the frame; or `.needMore` alone for a
+    /// skipped frame.
+    mutating func consume(_ frame: UnsafeRawBufferPointer, more: Bool) -> [Output] {
+        if let verdict = begin(frameWithMore: more) { return [verdict] }
+        var outputs: [Output] = []
+        var offset = 0
         var none: [UInt8] = []
-        return consume(frame, more: more, reusing: &none)
+        while offset < frame.count || outputs.isEmpty {
+            outputs.append(next(in: frame, at: &offset, reusing: &none))
+        }
+        return outputs
     }
 
-    /// Takes the next frame of the stream; a message of one data component gets its bytes in
-    /// `spare`'s storage when it has the room (see `SpareBytes.copy(_:reusing:)`).
-    mutating func consume(_ frame: UnsafeRawBufferPointer, more: Bool, reusing spare: inout [UInt8]) -> Output {
+    /// Starts a frame the socket delivered with libzmq's "more" flag `more`: nil when its
+    /// messages are to be read with `next(in:at:reusing:)`, from offset 0 until the offset
+    /// reaches the frame's end; `.needMore` for a frame to skip (the rest of a message already
+    /// dropped); a violation for the first frame of a ZeroMQ message of several frames.
+    mutating func begin(frameWithMore more: Bool) -> Output? {
         if discarding {
             if !more { discarding = false }
             return .needMore
@@ -98,45 +110,63 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
             discarding = true
             return .violation("the message has more than one ZeroMQ frame (a PortKit message is one frame since version 2)")
         }
-        var reader = Reader(frame: frame)
+        return nil
+    }
+
+    /// Reads the message that starts at `offset` in `frame` and moves `offset` past it: to the
+    /// next message of a batch, or to the frame's end. A violation moves it to the frame's end
+    /// (what follows a broken message cannot be found). A message of one data component gets
+    /// its bytes in `spare`'s storage when it has the room (see `SpareBytes.copy(_:reusing:)`).
+    func next(in frame: UnsafeRawBufferPointer, at offset: inout Int, reusing spare: inout [UInt8]) -> Output {
+        var reader = Reader(frame: frame, offset: offset)
         switch reader.message(limits: limits, reusing: &spare) {
-        case .success(let message): return .message(message)
-        case .failure(let reason): return .violation(reason.text)
+        case .success(let message):
+            offset = reader.offset
+            return .message(message)
+        case .failure(let reason):
+            offset = frame.count
+            return .violation(reason.text)
         }
     }
 
     struct Reason: Error { let text: String }
 
-    /// Reads one frame from the start; every read checks the bytes left first.
+    /// Reads one message from `offset`; every read checks the bytes left first.
     private struct Reader {
         let frame: UnsafeRawBufferPointer
-        var offset = 0
+        var offset: Int
 
-        init(frame: UnsafeRawBufferPointer) { self.frame = frame }
+        init(frame: UnsafeRawBufferPointer, offset: Int) {
+            self.frame = frame
+            self.offset = offset
+        }
 
         var left: Int { frame.count - offset }
 
         mutating func message(limits: ZMQWireLimits, reusing spare: inout [UInt8]) -> Result<ZMQDecoded<Component>, Reason> {
-            guard frame.count >= ZMQWireFormat.headerSize else {
-                return .failure(Reason(text: "the message is \(frame.count) bytes, shorter than the \(ZMQWireFormat.headerSize)-byte header"))
+            guard left >= ZMQWireFormat.headerSize else {
+                return .failure(Reason(text: "the message is \(left) bytes, shorter than the \(ZMQWireFormat.headerSize)-byte header"))
             }
-            guard frame.loadLittleEndian(at: 0, as: UInt32.self) == ZMQWireFormat.magicWord else {
+            let start = offset
+            guard frame.loadLittleEndian(at: start, as: UInt32.self) == ZMQWireFormat.magicWord else {
                 return .failure(Reason(text: "the header's magic is not \"PKZM\""))
             }
-            let version = frame.loadLittleEndian(at: 4, as: UInt16.self)
+            let version = frame.loadLittleEndian(at: start + 4, as: UInt16.self)
             guard version == ZMQWireFormat.version else {
                 return .failure(Reason(text: "version \(version) is not supported (only \(ZMQWireFormat.version))"))
             }
-            let flags = frame.loadLittleEndian(at: 6, as: UInt16.self)
-            guard flags & ~ZMQWireFormat.flagReplyPort == 0 else { return .failure(Reason(text: "unknown header flags \(flags)")) }
-            let count = Int(frame.loadLittleEndian(at: 12, as: UInt16.self))
-            guard frame.loadLittleEndian(at: 14, as: UInt16.self) == 0 else { return .failure(Reason(text: "the header's reserved field is not 0")) }
+            let flags = frame.loadLittleEndian(at: start + 6, as: UInt16.self)
+            guard flags & ~ZMQWireFormat.knownFlags == 0 else { return .failure(Reason(text: "unknown header flags \(flags)")) }
+            let count = Int(frame.loadLittleEndian(at: start + 12, as: UInt16.self))
+            guard frame.loadLittleEndian(at: start + 14, as: UInt16.self) == 0 else {
+                return .failure(Reason(text: "the header's reserved field is not 0"))
+            }
             guard count <= limits.maxComponents else { return .failure(Reason(text: "\(count) components; the limit is \(limits.maxComponents)")) }
             var message = ZMQDecoded<Component>(
-                msgid: frame.loadLittleEndian(at: 8, as: UInt32.self),
-                destination: frame.loadLittleEndian(at: 16, as: UInt64.self),
+                msgid: frame.loadLittleEndian(at: start + 8, as: UInt32.self),
+                destination: frame.loadLittleEndian(at: start + 16, as: UInt64.self),
                 body: .components([]), reply: nil)
-            offset = ZMQWireFormat.headerSize
+            offset = start + ZMQWireFormat.headerSize
 
             var bytes = 0
             var ports = 0
@@ -175,7 +205,11 @@ struct ZMQDecoder<Component: ZMQDecodableComponent> {
                 case .failure(let reason): return .failure(reason)
                 }
             }
-            guard left == 0 else { return .failure(Reason(text: "\(left) bytes follow the message's last component")) }
+            if flags & ZMQWireFormat.flagFollowed != 0 {
+                guard left > 0 else { return .failure(Reason(text: "the frame ends where its message announces another (FOLLOWED)")) }
+            } else {
+                guard left == 0 else { return .failure(Reason(text: "\(left) bytes follow the message's last component")) }
+            }
             return .success(message)
         }
 

@@ -1,8 +1,8 @@
 #if ZeroMQ
-// Turning a port message into the one frame of protocol.md's ZeroMQ mapping, after checking it
-// against the limits (a sender refuses what a receiver would drop). Measuring and writing are
-// two passes over the same components, so a message goes straight into libzmq's frame with no
-// buffer of its own.
+// Turning a port message into its bytes in protocol.md's ZeroMQ mapping (a frame of its own, or
+// its place in a batch), after checking it against the limits (a sender refuses what a receiver
+// would drop). Measuring and writing are two passes over the same components, so a message goes
+// straight into libzmq's frame, or the connection's batch, with no buffer of its own.
 
 import PortKit
 
@@ -142,6 +142,26 @@ enum ZMQMessageEncoder {
             offset += 1
         }
         return offset
+    }
+
+    /// Flags the message whose header starts at `offset` in a batch as FOLLOWED: another
+    /// message comes after it in the same frame (protocol.md 10.2).
+    static func markFollowed(in batch: UnsafeMutableRawBufferPointer, headerAt offset: Int) {
+        let flags = UnsafeRawBufferPointer(batch).loadLittleEndian(at: offset + 6, as: UInt16.self)
+        batch.storeLittleEndian(flags | ZMQWireFormat.flagFollowed, at: offset + 6)
+    }
+
+    /// `markFollowed` for a batch in an array (tests and the fuzzer).
+    static func setFollowed(_ batch: inout [UInt8], headerAt offset: Int) {
+        batch.withUnsafeMutableBytes { markFollowed(in: $0, headerAt: offset) }
+    }
+
+    /// Clears FOLLOWED in the header at the start of `message` (tests and the fuzzer).
+    static func clearFollowed(_ message: inout [UInt8]) {
+        message.withUnsafeMutableBytes { bytes in
+            let flags = UnsafeRawBufferPointer(bytes).loadLittleEndian(at: 6, as: UInt16.self)
+            bytes.storeLittleEndian(flags & ~ZMQWireFormat.flagFollowed, at: 6)
+        }
     }
 
     /// The frame of a message as bytes (tests, the fuzzer, and the checks of the name service).

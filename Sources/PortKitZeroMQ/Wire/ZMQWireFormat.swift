@@ -1,7 +1,7 @@
 #if ZeroMQ
-// The numbers of protocol.md's "ZeroMQ mapping": one port message is one ZeroMQ frame, a
-// 24-byte header and then its components and its reply port, each a type byte and a length.
-// Every integer is little-endian.
+// The numbers of protocol.md's "ZeroMQ mapping": a ZeroMQ frame holds one port message, or
+// several one after another (a batch); a message is a 24-byte header and then its components
+// and its reply port, each a type byte and a length. Every integer is little-endian.
 
 import PortKit
 
@@ -14,8 +14,16 @@ enum ZMQWireFormat {
     static let version: UInt16 = 2
     static let headerSize = 24
 
+    /// The largest frame a sender makes of a batch (a message larger than this goes alone); a
+    /// receive port accepts frames up to this size whatever its limits (`ZMQ_MAXMSGSIZE`).
+    static let largestBatch = 16 * 1024
+
     /// Header flags.
     static let flagReplyPort: UInt16 = 1 << 0
+    /// Another message follows this one in the same frame (a batch, protocol.md 10.2).
+    static let flagFollowed: UInt16 = 1 << 1
+    /// Every flag a receiver knows.
+    static let knownFlags: UInt16 = flagReplyPort | flagFollowed
 
     /// The first byte of a component (and of the reply port, a port component).
     static let typeData: UInt8 = 1
@@ -51,9 +59,12 @@ struct ZMQWireLimits: Sendable {
         maxPorts = limits.maxDescriptors
     }
 
-    /// `ZMQ_MAXMSGSIZE`: the largest frame a message within these limits can have (every data
-    /// byte, a data component's prefix for each component, and the longest endpoint for each
-    /// port). Saturates at `Int.max` (no limit) for limits too large to add up.
+    /// `ZMQ_MAXMSGSIZE`: the largest frame a receive port takes, a batch's or one message's.
+    var largestAcceptedFrame: Int { max(largestFrame, ZMQWireFormat.largestBatch) }
+
+    /// The largest frame a message within these limits can have (every data byte, a data
+    /// component's prefix for each component, and the longest endpoint for each port).
+    /// Saturates at `Int.max` (no limit) for limits too large to add up.
     var largestFrame: Int {
         let terms = [
             (ZMQWireFormat.headerSize, 1), (maxMessageBytes, 1), (ZMQWireFormat.dataPrefix, maxComponents),
