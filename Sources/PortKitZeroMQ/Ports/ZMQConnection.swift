@@ -5,10 +5,10 @@
 // message, so a message is never interleaved with another thread's (the lock, not a socket per
 // thread: a connection per endpoint and process keeps the order of all messages sent to it).
 //
-// Messages sent in a stream go out in batches (protocol.md 10.2): a message sent less than
-// `ZMQBatch.defaultWindow` after the previous one on the connection (and small enough) joins a batch,
-// one frame for many messages, which PortKit's flusher thread (`PKRunLoop.flusher`) sends when
-// the sender lets it run; a full batch is sent by the sender itself. libzmq's cost is per frame,
+// Messages sent in a stream go out in batches (protocol.md 10.2): a small message sent less than
+// `ZMQBatch.defaultWindow` after the previous one on the connection joins a batch, one frame for
+// many messages, which PortKit's flusher thread (`PKRunLoop.flusher`) sends when the sender lets
+// it run; a full batch is sent by the sender itself. libzmq's cost is per frame,
 // so a stream of small messages costs a fraction of it per message; a round trip's messages,
 // far apart, go alone and at once. docs/decisions.md, "Batches over ZeroMQ".
 //
@@ -117,6 +117,7 @@ final class ZMQConnection: @unchecked Sendable {
         let frame = try sending.batch.frame()
         try send(frame, on: &sending, before: deadline)
         sending.batch.count = 0
+        sending.batch.retries = 0
     }
 
     /// Sends one frame, waiting for room (or for the connection) until `deadline`.
@@ -150,22 +151,25 @@ final class ZMQConnection: @unchecked Sendable {
     }
 
     /// On the flusher's thread: sends the batch if the socket has room now; if not, tries again
-    /// in a millisecond (the receiver is behind, and the batch waits for it as a full socket's
-    /// messages do). A batch of a connection that died is dropped with it.
+    /// later (`ZMQBatch.nextRetry`: the receiver is behind, and the batch waits for it as a
+    /// full socket's messages do). A batch of a connection that died is dropped with it.
     private func flushQueuedBatch() {
         let again = sending.withLock { sending -> Duration? in
             sending.batch.flushQueued = false
             guard sending.batch.count > 0, sending.socket != nil, deadReason == nil else { return nil }
             do throws(PKError) {
                 try flush(&sending, before: .now)
-                sending.batch.retries = 0
                 return nil
             } catch {
-                if error.code == .sendTimedOut {
+                switch error.code {
+                case .sendTimedOut:
                     sending.batch.flushQueued = true
                     return sending.batch.nextRetry()
+                case .invalidPort:
+                    break  // the connection died meanwhile: its queued messages go with it
+                default:
+                    connectionLogger.error("a batch of \(sending.batch.count) bytes to \(endpoint) was lost: \(error)")
                 }
-                connectionLogger.error("a batch of \(sending.batch.count) bytes to \(endpoint) was lost: \(error)")
                 sending.batch.count = 0
                 return nil
             }
@@ -182,11 +186,12 @@ final class ZMQConnection: @unchecked Sendable {
     }
 
     /// At the process's exit: sends the batch (waiting a little for room) and closes the
-    /// socket, which lingers until libzmq has written what it holds (`waitUntilReleased`). A
+    /// socket, which lingers until libzmq has written what it holds (`isReleased`). A
     /// message sent after this fails with `.invalidPort`. Returns whether there is anything to
-    /// wait for.
+    /// wait for. A connection whose lock another thread holds (a send waiting for room, maybe
+    /// for ever) is left as it is: the exit must not wait for it.
     fileprivate func closeBeforeExit() -> Bool {
-        sending.withLock { sending in
+        let closed = sending.withLockIfAvailable { sending -> Bool in
             guard deadReason == nil, sending.socket != nil else { return false }
             try? flush(&sending, before: .after(ZMQBatch.exitPatience))
             sending.batch.count = 0
@@ -194,6 +199,7 @@ final class ZMQConnection: @unchecked Sendable {
             sending.socket = nil
             return true
         }
+        return closed ?? false
     }
 
     /// Whether libzmq has let go of the closed socket: it wrote the messages it held, or its

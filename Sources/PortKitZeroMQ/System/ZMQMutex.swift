@@ -34,5 +34,16 @@ struct ZMQMutex<Value: ~Copyable>: ~Copyable, @unchecked Sendable {
             return try body(&value)
         }
     }
+
+    /// Runs `body` with the value under the lock if the lock is free now; nil if it is not.
+    borrowing func withLockIfAvailable<Result: ~Copyable, E: Error>(
+        _ body: (inout sending Value) throws(E) -> sending Result
+    ) throws(E) -> sending Result? {
+        try mutex.withLockIfAvailable { (value: inout sending Value) throws(E) -> sending Result in
+            _ = handOff.load(ordering: .acquiring)
+            defer { handOff.store(0, ordering: .releasing) }
+            return try body(&value)
+        }
+    }
 }
 #endif
