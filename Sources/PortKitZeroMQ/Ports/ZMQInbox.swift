@@ -33,14 +33,20 @@ final class ZMQInbox: @unchecked Sendable {
     private let io: LockedIO
     /// ZMQ_FD: readable when the socket has commands to process.
     let descriptor: Int32
+    /// The frame being read: a batch's messages are taken one at a time, across wake-ups.
+    /// Received into under `io`'s lock (the socket's), read without it. Loop-only, as `drain`.
+    @exclusivity(unchecked) private var heldFrame: ZMQHeldFrame
+    /// Reads the messages of `heldFrame` (its limits; `IO.decoder` keeps the state between
+    /// frames).
+    private let reader: ZMQDecoder<PKZMQComponent>
 
     private struct IO {
         var socket: ZMQSocket?
         /// Reads the socket's ZMQ_EVENT_CLOSED events, to close synchronously.
         var closedEvents: ZMQSocket?
         var decoder: ZMQDecoder<PKZMQComponent>
-        /// The frame being read: a batch's messages are taken one at a time, across wake-ups.
-        let frame = ZMQHeldFrame()
+        /// The storage of the inbox's `heldFrame`: closing frees the frame it holds.
+        let frameStorage: ZMQFrameStorage
         /// Frames received so far (the tests tell batches from single messages by it).
         var framesReceived = 0
         var claims: [EndpointClaim] = []
@@ -76,7 +82,7 @@ final class ZMQInbox: @unchecked Sendable {
             // Stop the monitor before closing its reader: libzmq sends monitor events with a
             // blocking send, so an event for a reader that is gone would block its I/O thread.
             try? socket?.monitor(nil, events: 0)
-            frame.release()
+            frameStorage.clear()
             socket?.close()
             socket = nil
             closedEvents?.close()
@@ -94,7 +100,13 @@ final class ZMQInbox: @unchecked Sendable {
     /// deferred to the loop's thread can hold it after the inbox is gone.
     private final class LockedIO: Sendable {
         let mutex: ZMQMutex<IO>
-        init(_ io: consuming sending IO) { mutex = ZMQMutex(io) }
+        /// Outlives the inbox when a close is deferred to the loop.
+        let frameStorage: ZMQFrameStorage
+        init(_ io: consuming sending IO, frameStorage: ZMQFrameStorage) {
+            mutex = ZMQMutex(io)
+            self.frameStorage = frameStorage
+        }
+        deinit { frameStorage.deallocate() }
     }
 
     // Loop-only state.
@@ -124,7 +136,10 @@ final class ZMQInbox: @unchecked Sendable {
         try closedEvents.connect(address)
         self.limits = ZMQWireLimits(limits)
         descriptor = socket.pollDescriptor
-        io = LockedIO(IO(socket: socket, closedEvents: closedEvents, decoder: ZMQDecoder(limits: ZMQWireLimits(limits))))
+        reader = ZMQDecoder(limits: ZMQWireLimits(limits))
+        let storage = ZMQFrameStorage.allocate()
+        heldFrame = ZMQHeldFrame(storage)
+        io = LockedIO(IO(socket: socket, closedEvents: closedEvents, decoder: reader, frameStorage: storage), frameStorage: storage)
     }
 
     /// Binds `endpoint` (an `ipc://` path under its lock first) and returns the endpoint
@@ -334,22 +349,22 @@ final class ZMQInbox: @unchecked Sendable {
     /// nothing has processed the socket's pending commands, so it consumes ZMQ_FD's signal as
     /// reading ZMQ_EVENTS would: no need to read ZMQ_EVENTS per message (a system call each).
     private func receiveOne() -> Received {
-        io.mutex.withLock { io -> Received in
+        // The next message of a batch: no lock, no socket.
+        if heldFrame.isHeld { return readHeldFrame() }
+        return io.mutex.withLock { io -> Received in
             // The socket is used in place (`io.socket?.`), not bound to a constant: a binding
             // would retain and release it for every frame.
-            let frame = io.frame
-            if frame.isHeld { return read(frame, with: io.decoder) }
             var outcome = Received.none
             while true {
                 let got: Bool?
-                do throws(PKError) { got = try io.socket?.receive(into: frame) } catch {
+                do throws(PKError) { got = try io.socket?.receive(into: &heldFrame) } catch {
                     return .violation("receiving failed: \(error)")
                 }
                 guard got == true else { return outcome }
                 io.framesReceived += 1
-                guard let verdict = io.decoder.begin(frameWithMore: frame.more) else { return read(frame, with: io.decoder) }
-                let more = frame.more
-                frame.release()
+                let more = heldFrame.more
+                guard let verdict = io.decoder.begin(frameWithMore: more) else { return readHeldFrame() }
+                heldFrame.release()
                 if case .violation(let reason) = verdict { outcome = .violation(reason) }
                 if case .none = outcome { outcome = .skipped }
                 if !more { return outcome }
@@ -358,9 +373,10 @@ final class ZMQInbox: @unchecked Sendable {
     }
 
     /// The message at the held frame's offset; releases the frame after its last.
-    private func read(_ frame: ZMQHeldFrame, with decoder: ZMQDecoder<PKZMQComponent>) -> Received {
-        let output = decoder.next(in: frame.bytes, at: &frame.offset, reusing: &spare)
-        if frame.offset >= frame.bytes.count { frame.release() }
+    private func readHeldFrame() -> Received {
+        let bytes = heldFrame.bytes
+        let output = reader.next(in: bytes, at: &heldFrame.offset, reusing: &spare)
+        if heldFrame.offset >= bytes.count { heldFrame.release() }
         switch output {
         case .message(let message): return .message(message)
         case .violation(let reason): return .violation(reason)

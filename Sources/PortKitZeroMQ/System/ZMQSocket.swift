@@ -101,11 +101,33 @@ struct ZMQOutgoingFrame: ~Copyable, @unchecked Sendable {
     }
 }
 
-/// A frame received and kept (a `zmq_msg_t` of its own, allocated once), so that the messages
-/// of a batch can be read from it one at a time: `ZMQSocket.receive(into:)` fills it, `release`
-/// frees the frame's bytes. Not thread-safe: its owner keeps it under the socket's lock.
-final class ZMQHeldFrame {
-    private let message: UnsafeMutablePointer<zmq_msg_t>
+/// The `zmq_msg_t` a `ZMQHeldFrame` receives into: allocated once, freed by its owner.
+struct ZMQFrameStorage: @unchecked Sendable {
+    fileprivate let message: UnsafeMutablePointer<zmq_msg_t>
+
+    static func allocate() -> ZMQFrameStorage {
+        let message = UnsafeMutablePointer<zmq_msg_t>.allocate(capacity: 1)
+        _ = zmq_msg_init(message)
+        return ZMQFrameStorage(message: message)
+    }
+
+    /// Frees the frame's bytes, if it holds some; the storage stays usable.
+    func clear() {
+        _ = zmq_msg_close(message)
+        _ = zmq_msg_init(message)
+    }
+
+    func deallocate() {
+        _ = zmq_msg_close(message)
+        message.deallocate()
+    }
+}
+
+/// A frame received and kept, so that the messages of a batch can be read from it one at a
+/// time: `ZMQSocket.receive(into:)` fills it, `release` frees the frame's bytes. A value over
+/// storage its owner keeps (no reference counting per message); not thread-safe.
+struct ZMQHeldFrame {
+    private let storage: ZMQFrameStorage
     /// Whether it holds a frame.
     private(set) var isHeld = false
     /// Whether more frames of the same ZeroMQ message follow (libzmq's "more").
@@ -113,42 +135,33 @@ final class ZMQHeldFrame {
     /// Where reading its bytes has got to; its owner's.
     var offset = 0
 
-    init() {
-        message = .allocate(capacity: 1)
-        _ = zmq_msg_init(message)
-    }
-
-    deinit {
-        _ = zmq_msg_close(message)
-        message.deallocate()
-    }
+    init(_ storage: ZMQFrameStorage) { self.storage = storage }
 
     /// The frame's bytes (empty when none is held); valid until `release` or the next receive.
     var bytes: UnsafeRawBufferPointer {
-        let size = isHeld ? zmq_msg_size(message) : 0
-        return UnsafeRawBufferPointer(start: size == 0 ? nil : zmq_msg_data(message), count: size)
+        let size = isHeld ? zmq_msg_size(storage.message) : 0
+        return UnsafeRawBufferPointer(start: size == 0 ? nil : zmq_msg_data(storage.message), count: size)
     }
 
     /// Frees the frame's bytes; idempotent.
-    func release() {
+    mutating func release() {
         guard isHeld else { return }
-        _ = zmq_msg_close(message)
-        _ = zmq_msg_init(message)
+        storage.clear()
         isHeld = false
         more = false
         offset = 0
     }
 
-    fileprivate func received(from socket: UnsafeMutableRawPointer) throws(PKError) -> Bool {
+    fileprivate mutating func received(from socket: UnsafeMutableRawPointer) throws(PKError) -> Bool {
         release()
-        while zmq_msg_recv(message, socket, ZMQ_DONTWAIT) < 0 {
+        while zmq_msg_recv(storage.message, socket, ZMQ_DONTWAIT) < 0 {
             let err = zmq_errno()
             if err == EINTR { continue }
             if err == EAGAIN { return false }
             throw ZMQError.make(.transport, "zmq_msg_recv", "receiving a ZeroMQ frame failed", errno: err)
         }
         isHeld = true
-        more = zmq_msg_more(message) != 0
+        more = zmq_msg_more(storage.message) != 0
         return true
     }
 }
@@ -307,7 +320,7 @@ final class ZMQSocket {
     /// receives again. The corresponding call is `zmq_msg_recv(3)` with `ZMQ_DONTWAIT`.
     ///
     /// - Returns: false if no frame was waiting (`frame` then holds none).
-    func receive(into frame: ZMQHeldFrame) throws(PKError) -> Bool {
+    func receive(into frame: inout ZMQHeldFrame) throws(PKError) -> Bool {
         try frame.received(from: open)
     }
 
