@@ -62,7 +62,8 @@ final class Semaphore: @unchecked Sendable {
 
 extension PKRunLoop {
     /// The loop that writes the pending bytes of sends made outside any running loop (see
-    /// `SendConnection.write`), on a thread of its own made on first use. Its thread is a
+    /// `SendConnection.write`), and sends the ZeroMQ transport's batches, on a thread of its
+    /// own made on first use. Its thread is a
     /// throughput thread (`SCHED_BATCH`): asking it to write never preempts the sender, which
     /// goes on adding to the same batch until it sleeps or its time slice ends (or finds
     /// `SendConnection.pendingLimit` bytes pending and writes them itself). On a CPU of its own

@@ -55,7 +55,9 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// Sends `message`, waiting until `deadline` for room in the receiver's queue, or for the
-    /// connection if it is not made yet (`-[NSPortMessage sendBeforeDate:]`).
+    /// connection if it is not made yet (`-[NSPortMessage sendBeforeDate:]`). A small message
+    /// sent right after another on the same connection joins a batch and is accepted at once
+    /// (protocol.md 10.2).
     ///
     /// The message is queued whole or not at all. Its ports travel as their endpoints; a port
     /// bound to a wildcard address (`tcp://*:PORT`) is advertised under the local address the

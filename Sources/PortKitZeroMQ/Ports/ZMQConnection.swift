@@ -38,10 +38,35 @@ final class ZMQConnection: @unchecked Sendable {
     /// Set when libzmq has let go of the socket (its monitor stopped): after a close, once the
     /// messages it held are written or its linger has passed.
     private let socketReleased = Atomic<Bool>(false)
+    /// Set, under `state`'s lock, when the handshake succeeds: a send asks it with one load
+    /// before it opens a batch (a batch never waits for a connection, only for room).
+    private let handshaken = Atomic<Bool>(false)
 
-    private struct Sending {
+    /// What a send takes the lock for.
+    private struct Sending: ~Copyable {
         var socket: ZMQSocket?
         var batch = ZMQBatch()
+        /// When the last message that went alone was sent, or the open batch opened
+        /// (nanoseconds of uptime): a message less than `window` after it opens a batch.
+        var windowStart: UInt64 = 0
+        /// `ZMQBatch.defaultWindow`; the tests widen it.
+        var window = ZMQBatch.defaultWindow
+        /// Whether the flusher has been asked to send the batch (a `perform` or a timer of
+        /// its is pending: it is, whenever the batch holds messages, unless `flusherPaused`).
+        var flushQueued = false
+        /// How many times in a row the flusher found the receiver's queue full.
+        var retries = 0
+        /// Tests: the flusher leaves this connection's batches alone until `resumeFlusher`, so
+        /// that only full batches go out and the frames are known.
+        var flusherPaused = false
+
+        /// How soon the flusher tries again after finding the receiver's queue full: 1 ms, twice
+        /// as long each time up to 64 ms (a receiver that stays behind costs its sender's flusher
+        /// a wake-up every 64 ms, not one a millisecond).
+        mutating func nextRetry() -> Duration {
+            defer { retries += 1 }
+            return .milliseconds(1 << min(retries, 6))
+        }
     }
 
     private struct State {
@@ -63,8 +88,6 @@ final class ZMQConnection: @unchecked Sendable {
         monitor.start { [weak self] event in self?.monitorReported(event) }
     }
 
-    deinit { sending.withLock { $0.batch.deallocate() } }
-
     /// Why the connection died, or nil while it lives. Safe from any thread.
     var deadReason: String? {
         guard isDead.load(ordering: .acquiring) else { return nil }
@@ -76,52 +99,73 @@ final class ZMQConnection: @unchecked Sendable {
 
     // MARK: - Sending
 
-    /// Sends one message of `byteCount` bytes, which `write` writes: into a batch, or into a
-    /// frame of its own, waiting for room (or for the connection) until `deadline`. The
-    /// message is sent whole or not at all; one that joins a batch is sent with it, after
-    /// every message sent before it on this connection.
+    /// Sends one message of `byteCount` bytes, which `write` writes, sent whole or not at all,
+    /// after every message sent before it on this connection. A message that joins a batch
+    /// (protocol.md 10.2) is accepted at once: the batch goes when it is full (this send waits
+    /// for room for it, until `deadline`) or with the flusher. Any other waits for room, or for
+    /// the connection, until `deadline`.
     ///
-    /// - Throws: `.invalidPort` (the connection is or became dead), `.sendTimedOut`, `.transport`.
+    /// - Throws: `.invalidPort` (the connection is or became dead, or closed at exit),
+    ///   `.sendTimedOut`, `.transport`.
     func send(byteCount: Int, before deadline: PKDeadline, _ write: (UnsafeMutableRawBufferPointer) -> Void) throws(PKError) {
-        let flushNeeded = try sending.withLock { sending throws(PKError) -> Bool in
-            if let reason = deadReason { throw PKError(.invalidPort, "cannot send to \(endpoint): \(reason)") }
-            // The clock is read only when no batch is open: while one is, a small message joins it.
-            let batching = sending.batch.count > 0
-            let now = batching ? sending.batch.lastSend : PKDeadline.now.uptimeNanoseconds
-            if byteCount <= ZMQBatch.messageLimit, batching || now &- sending.batch.lastSend < sending.batch.window, PKRunLoop.hasFlusher {
-                if !batching {
-                    sending.batch.lastSend = now
-                } else if sending.batch.count + byteCount > ZMQBatch.capacity {
-                    try flush(&sending, before: deadline)
-                    sending.batch.lastSend = PKDeadline.now.uptimeNanoseconds
-                }
-                // Written outside the batch's own code, so that the caller's closure does not
-                // meet the lock's value (it writes raw memory the batch lends for the call).
-                nonisolated(unsafe) let area = sending.batch.reserve(byteCount: byteCount)
-                write(area)
-                defer { sending.batch.flushQueued = true }
-                return !sending.batch.flushQueued
+        guard byteCount <= ZMQBatch.messageLimit else {
+            // Too large for a batch: its frame is made before the lock, and goes after the open
+            // batch.
+            var frame = try ZMQOutgoingFrame(byteCount: byteCount, write)
+            try sending.withLock { sending throws(PKError) in
+                try checkOpen(sending)
+                try flush(&sending, before: deadline)
+                try send(&frame, on: &sending, before: deadline)
+                sending.windowStart = PKDeadline.now.uptimeNanoseconds
             }
-            if batching { try flush(&sending, before: deadline) }
-            try send(ZMQOutgoingFrame(byteCount: byteCount, write), on: &sending, before: deadline)
-            sending.batch.lastSend = batching ? PKDeadline.now.uptimeNanoseconds : now
-            return false
+            return
+        }
+        let flushNeeded = try sending.withLock { sending throws(PKError) -> Bool in
+            try checkOpen(sending)
+            if sending.batch.count == 0 {
+                // The clock is read only when no batch is open: while one is, a message joins it.
+                let now = PKDeadline.now.uptimeNanoseconds
+                let opensBatch = now &- sending.windowStart < sending.window
+                    && handshaken.load(ordering: .relaxed) && PKRunLoop.hasFlusher
+                guard opensBatch else {
+                    var frame = try ZMQOutgoingFrame(byteCount: byteCount, write)
+                    try send(&frame, on: &sending, before: deadline)
+                    sending.windowStart = now
+                    return false
+                }
+                sending.windowStart = now
+            } else if sending.batch.count + byteCount > ZMQBatch.capacity {
+                try flush(&sending, before: deadline)
+            }
+            // Written outside the batch's own code, so that the caller's closure does not meet
+            // the lock's value (it writes raw memory the batch lends for the call).
+            nonisolated(unsafe) let area = sending.batch.reserve(byteCount: byteCount)
+            write(area)
+            guard !sending.flushQueued, !sending.flusherPaused else { return false }
+            sending.flushQueued = true
+            return true
         }
         if flushNeeded { queueFlush() }
+    }
+
+    /// Throws if the connection is dead or was closed at the process's exit.
+    private func checkOpen(_ sending: borrowing Sending) throws(PKError) {
+        if let reason = deadReason { throw PKError(.invalidPort, "cannot send to \(endpoint): \(reason)") }
+        if sending.socket == nil { throw PKError(.invalidPort, "cannot send to \(endpoint): the connection is closed") }
     }
 
     /// Sends the batch as one frame, waiting for room until `deadline`; it is kept if the
     /// deadline passes first.
     private func flush(_ sending: inout Sending, before deadline: PKDeadline) throws(PKError) {
         guard sending.batch.count > 0 else { return }
-        let frame = try sending.batch.frame()
-        try send(frame, on: &sending, before: deadline)
-        sending.batch.count = 0
-        sending.batch.retries = 0
+        var frame = try sending.batch.frame()
+        try send(&frame, on: &sending, before: deadline)
+        sending.batch.clear()
+        sending.retries = 0
     }
 
     /// Sends one frame, waiting for room (or for the connection) until `deadline`.
-    private func send(_ frame: consuming ZMQOutgoingFrame, on sending: inout Sending, before deadline: PKDeadline) throws(PKError) {
+    private func send(_ frame: inout ZMQOutgoingFrame, on sending: inout Sending, before deadline: PKDeadline) throws(PKError) {
         while true {
             if let reason = deadReason { throw PKError(.invalidPort, "cannot send to \(endpoint): \(reason)") }
             // Used in place (`sending.socket?.`), not bound to a constant: a binding would retain it.
@@ -151,55 +195,97 @@ final class ZMQConnection: @unchecked Sendable {
     }
 
     /// On the flusher's thread: sends the batch if the socket has room now; if not, tries again
-    /// later (`ZMQBatch.nextRetry`: the receiver is behind, and the batch waits for it as a
-    /// full socket's messages do). A batch of a connection that died is dropped with it.
+    /// later (`Sending.nextRetry`: the receiver is behind, and the batch waits for it as a full
+    /// socket's messages do). It never waits for the lock: a sender may hold it while it waits
+    /// for room, maybe for ever, and the flusher serves every connection; it tries again in a
+    /// millisecond. A batch of a connection that died is dropped with it.
     private func flushQueuedBatch() {
-        let again = sending.withLock { sending -> Duration? in
-            sending.batch.flushQueued = false
-            guard sending.batch.count > 0, sending.socket != nil, deadReason == nil else { return nil }
+        enum Outcome { case done, again(Duration), lost(messages: Int, PKError) }
+        let outcome = sending.withLockIfAvailable { sending -> Outcome in
+            sending.flushQueued = false
+            guard sending.batch.count > 0, !sending.flusherPaused, sending.socket != nil, deadReason == nil else { return .done }
             do throws(PKError) {
                 try flush(&sending, before: .now)
-                return nil
+                return .done
             } catch {
-                switch error.code {
-                case .sendTimedOut:
-                    sending.batch.flushQueued = true
-                    return sending.batch.nextRetry()
-                case .invalidPort:
-                    break  // the connection died meanwhile: its queued messages go with it
-                default:
-                    connectionLogger.error("a batch of \(sending.batch.count) bytes to \(endpoint) was lost: \(error)")
+                if error.code == .sendTimedOut {
+                    sending.flushQueued = true
+                    return .again(sending.nextRetry())
                 }
-                sending.batch.count = 0
-                return nil
+                let messages = sending.batch.messageCount
+                sending.batch.clear()
+                // The connection died meanwhile: its queued messages go with it, unreported.
+                return error.code == .invalidPort ? .done : .lost(messages: messages, error)
             }
-        }
-        if let again {
-            PKRunLoop.current.scheduleTimer(after: again, forMode: .common) { [self] _ in flushQueuedBatch() }
+        } ?? .again(.milliseconds(1))
+        switch outcome {
+        case .done:
+            break
+        case .again(let delay):
+            PKRunLoop.current.scheduleTimer(after: delay, forMode: .common) { [self] _ in flushQueuedBatch() }
+        case .lost(let messages, let error):
+            connectionLogger.error("a batch of \(messages) messages to \(endpoint) was lost: \(error)")
         }
     }
 
     /// Makes messages sent less than `nanoseconds` apart join a batch (tests: a window wide
     /// enough that a slow machine or a sanitizer still batches).
     func setBatchWindow(_ nanoseconds: UInt64) {
-        sending.withLock { $0.batch.window = nanoseconds }
+        sending.withLock { $0.window = nanoseconds }
     }
 
-    /// At the process's exit: sends the batch (waiting a little for room) and closes the
-    /// socket, which lingers until libzmq has written what it holds (`isReleased`). A
-    /// message sent after this fails with `.invalidPort`. Returns whether there is anything to
-    /// wait for. A connection whose lock another thread holds (a send waiting for room, maybe
-    /// for ever) is left as it is: the exit must not wait for it.
-    fileprivate func closeBeforeExit() -> Bool {
-        let closed = sending.withLockIfAvailable { sending -> Bool in
-            guard deadReason == nil, sending.socket != nil else { return false }
-            try? flush(&sending, before: .after(ZMQBatch.exitPatience))
-            sending.batch.count = 0
-            sending.socket?.close()
-            sending.socket = nil
+    /// Tests: the flusher leaves this connection's batches alone until `resumeFlusher`; only a
+    /// batch that a message would overfill goes out (sent by that message's sender).
+    func pauseFlusher() {
+        sending.withLock { $0.flusherPaused = true }
+    }
+
+    /// Tests: the flusher sends the open batch, and the ones after it, as usual.
+    func resumeFlusher() {
+        let flushNeeded = sending.withLock { sending -> Bool in
+            sending.flusherPaused = false
+            guard sending.batch.count > 0, !sending.flushQueued else { return false }
+            sending.flushQueued = true
             return true
         }
-        return closed ?? false
+        if flushNeeded { queueFlush() }
+    }
+
+    /// At the process's exit: sends the batch (waiting up to `ZMQBatch.exitPatience` for room)
+    /// and closes the socket, which lingers until libzmq has written what it holds
+    /// (`isReleased`); a send after this fails with `.invalidPort`. Returns whether there is
+    /// anything to wait for. A connection another thread keeps locked for longer than
+    /// `exitPatience` (a send waiting for room, maybe for ever) is left as it is: the exit must
+    /// not wait for it.
+    fileprivate func closeBeforeExit() -> Bool {
+        enum Outcome { case nothing, closed, closedLosing(messages: Int, PKError) }
+        let deadline = PKDeadline.after(ZMQBatch.exitPatience)
+        while true {
+            let outcome = sending.withLockIfAvailable { sending -> Outcome in
+                guard deadReason == nil, sending.socket != nil else { return .nothing }
+                var outcome = Outcome.closed
+                do throws(PKError) { try flush(&sending, before: deadline) } catch {
+                    outcome = .closedLosing(messages: sending.batch.messageCount, error)
+                }
+                sending.batch.clear()
+                sending.socket?.close()
+                sending.socket = nil
+                return outcome
+            }
+            switch outcome {
+            case .nothing?: return false
+            case .closed?: return true
+            case .closedLosing(let messages, let error)?:
+                connectionLogger.error("at exit, a batch of \(messages) messages to \(endpoint) was lost: \(error)")
+                return true
+            case nil:
+                if deadline.hasPassed {
+                    connectionLogger.warning("at exit, the connection to \(endpoint) was left as it is: another thread was sending on it")
+                    return false
+                }
+                _ = Descriptors.waitReadable([], until: .after(.milliseconds(1)))  // a pause: poll(2) with nothing to watch
+            }
+        }
     }
 
     /// Whether libzmq has let go of the closed socket: it wrote the messages it held, or its
@@ -258,7 +344,7 @@ final class ZMQConnection: @unchecked Sendable {
             try? sending.socket?.setOption(ZMQOption.linger, 0)
             sending.socket?.close()
             sending.socket = nil
-            sending.batch.count = 0
+            sending.batch.clear()
         }
         ZMQConnectionCache.shared.forget(self)
         for handler in waiting { handler(false) }
@@ -270,6 +356,7 @@ final class ZMQConnection: @unchecked Sendable {
         case ZMQMonitorEvent.handshakeSucceeded:
             let waiting = state.withLock { state -> [@Sendable (Bool) -> Void] in
                 state.established = true
+                handshaken.store(true, ordering: .relaxed)
                 defer { state.establishedHandlers = [] }
                 return state.establishedHandlers
             }
@@ -349,42 +436,31 @@ final class ZMQConnectionCache: Sendable {
 }
 
 /// The batch a connection fills (protocol.md 10.2): messages one after another in memory of its
-/// own, each but the last flagged FOLLOWED. Under the connection's sending lock; the connection
-/// frees its memory when it goes.
-struct ZMQBatch {
+/// own, each but the last flagged FOLLOWED. Under the connection's sending lock.
+struct ZMQBatch: ~Copyable {
     /// The largest batch, in bytes: one frame.
     static let capacity = ZMQWireFormat.largestBatch
-    /// The largest message that joins a batch; a larger one goes alone (the batch first).
+    /// The largest message, encoded (header and components), that joins a batch; a larger one
+    /// goes alone, after the open batch. One data component of up to 2,019 bytes.
     static let messageLimit = 2 * 1024
-    /// A send this soon after the previous one on the connection joins a batch (nanoseconds).
-    /// A stream's sends come well under a microsecond apart, a round trip's far more than this.
+    /// A message this soon after the last one that went alone (or after the open batch
+    /// opened) opens a batch (nanoseconds). A stream's sends come well under a microsecond
+    /// apart, a round trip's far more than this.
     static let defaultWindow: UInt64 = 2_000
     /// How long a batch waits for room when the process exits.
     static let exitPatience = Duration.milliseconds(200)
 
     private var area: UnsafeMutableRawBufferPointer?
     /// The bytes in the batch.
-    var count = 0
+    private(set) var count = 0
+    /// The messages in the batch.
+    private(set) var messageCount = 0
     /// Where the last message's header starts.
     private var lastHeader = 0
-    /// When the connection last sent a message (nanoseconds of uptime).
-    var lastSend: UInt64 = 0
-    /// Whether the flusher has been asked to send the batch.
-    var flushQueued = false
-    /// This connection's window (`defaultWindow`; the tests widen it).
-    var window = defaultWindow
-    /// How many times in a row the flusher found the receiver's queue full.
-    var retries = 0
 
-    /// How soon the flusher tries again after finding the receiver's queue full: 1 ms, twice as
-    /// long each time up to 64 ms (a receiver that stays behind costs its sender's flusher a
-    /// wake-up every 64 ms, not one a millisecond).
-    mutating func nextRetry() -> Duration {
-        defer { retries += 1 }
-        return .milliseconds(1 << min(retries, 6))
-    }
+    init() {}
 
-    func deallocate() { area?.deallocate() }
+    deinit { area?.deallocate() }
 
     /// Adds room for a message of `byteCount` bytes (at most `capacity - count`), for the
     /// caller to write at once: the message's own bytes, flagged FOLLOWED later if another
@@ -395,7 +471,14 @@ struct ZMQBatch {
         if count > 0 { ZMQMessageEncoder.markFollowed(in: area, headerAt: lastHeader) }
         lastHeader = count
         count += byteCount
+        messageCount += 1
         return UnsafeMutableRawBufferPointer(rebasing: area[lastHeader..<count])
+    }
+
+    /// Empties the batch (its memory stays, for the next).
+    mutating func clear() {
+        count = 0
+        messageCount = 0
     }
 
     /// The batch's bytes in a frame to send.

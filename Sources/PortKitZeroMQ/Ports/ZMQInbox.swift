@@ -292,6 +292,7 @@ final class ZMQInbox: @unchecked Sendable {
         }
         source?.invalidate()
         again?.invalidate()
+        heldFrame.release()
         io.mutex.withLock { $0.close() }
     }
 

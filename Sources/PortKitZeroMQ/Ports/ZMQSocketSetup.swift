@@ -7,8 +7,7 @@ import PortKit
 extension ZMQSocket {
     /// A PULL socket for a receive port: `ZMQ_MAXMSGSIZE` from the largest frame the limits
     /// allow, or a batch's if larger (libzmq drops the connection of a peer that sends a bigger
-    /// one), `ZMQ_RCVHWM` from
-    /// `maxQueuedMessages`, heartbeats.
+    /// one), `ZMQ_RCVHWM` from `maxQueuedMessages` (frames: a batch counts one), heartbeats.
     static func receiving(limits: PKPortLimits) throws(PKError) -> ZMQSocket {
         let socket = try ZMQSocket(.pull)
         try socket.setOption(ZMQOption.maxMessageSize, int64: Int64(ZMQWireLimits(limits).largestAcceptedFrame))
