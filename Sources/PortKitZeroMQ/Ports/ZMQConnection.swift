@@ -6,11 +6,12 @@
 // thread: a connection per endpoint and process keeps the order of all messages sent to it).
 //
 // Messages sent in a stream go out in batches (protocol.md 10.2): a small message sent less than
-// `ZMQBatch.defaultWindow` after the previous one on the connection joins a batch, one frame for
-// many messages, which PortKit's flusher thread (`PKRunLoop.flusher`) sends when the sender lets
-// it run; a full batch is sent by the sender itself. libzmq's cost is per frame,
-// so a stream of small messages costs a fraction of it per message; a round trip's messages,
-// far apart, go alone and at once. docs/decisions.md, "Batches over ZeroMQ".
+// `ZMQBatch.defaultWindow` after the last one that went alone opens a batch, and the small ones
+// after it join it, one frame for many messages, which PortKit's flusher thread
+// (`PKRunLoop.flusher`) sends when the sender lets it run; a full batch is sent by the sender
+// itself. libzmq's cost is per frame, so a stream of small messages costs a fraction of it per
+// message; a round trip's messages, far apart, go alone and at once. docs/decisions.md,
+// "Batches over ZeroMQ".
 //
 // Its monitor tells it when the peer goes: once connected (the ZMTP handshake succeeded), a
 // disconnection, whether the peer closed, died or fell silent past the heartbeat timeout, kills
