@@ -142,7 +142,7 @@ import PortKit
             // Payloads whose messages are the largest that join a batch, and one byte more.
             let largest = ZMQBatch.messageLimit - Self.encodedSize(payload: 0)
             // Alone (the first); a batch of three; alone, after that batch; a batch of the two
-            // small ones and seven of the largest (2,048 bytes each, 8 fit in 16 KiB with the
+            // small ones and seven of the largest (2,048 bytes each: seven fit in 16 KiB with the
             // small ones' 66); the eighth overfills it: that batch goes, and it opens the next;
             // the last, small, joins it.
             let sizes = [4, 4, 4, largest, largest + 1, 4, 4] + [Int](repeating: largest, count: 8) + [4]
@@ -190,7 +190,7 @@ import PortKit
         #expect(next == [0, count, count])
     }
 
-    /// The receiver is behind: its queue (one message in libzmq's pipe each side, and the
+    /// The receiver is behind: its queue (one frame in libzmq's pipe each side, and the
     /// socket's buffer) fills, a send finds no room until its deadline and fails with nothing
     /// sent, and the batch of messages accepted before it waits: once the receiver reads,
     /// every accepted message arrives, in order, sent by the flusher (which tried again while
@@ -248,7 +248,7 @@ import PortKit
     /// its sender sent arrives. (libzmq's heartbeats let the stuck sender through about once a
     /// second, so a flusher that did wait would hold the other batch up for that long, not for
     /// good: this test cannot tell it, and does not measure the delay.)
-    @Test func aReceiverThatIsBehindLosesNothingAndHoldsUpNoOtherConnection() throws {
+    @Test func aReceiverThatIsBehindLosesNothingAndOtherConnectionsBatchesStillGo() throws {
         try onLoopThread { loop in
             var small = PKPortLimits()
             small.maxQueuedMessages = 1
@@ -281,8 +281,10 @@ import PortKit
                 }
             }
             sender.start()
-            // Until the sender is stuck: its count stops growing, short of the total.
+            // Until the sender is stuck: it has started, and its count stops growing, short of
+            // the total.
             let stuck = PKDeadline.after(.seconds(20))
+            while sent.value == 0 && errors.value.isEmpty && !stuck.hasPassed { sleepFor(.milliseconds(1)) }
             var last = -1
             while sent.value != last && !stuck.hasPassed {
                 last = sent.value
@@ -322,7 +324,9 @@ import PortKit
     }
 
     /// A process that sends a burst and exits at once: the batch it left goes to libzmq
-    /// before the process ends, and libzmq delivers it.
+    /// before the process ends, and what libzmq holds is written before it ends. (The peer
+    /// batches with the default 2 µs window: on a machine too slow for it, every message goes
+    /// alone, and the test checks only the second half.)
     @Test func aBurstSentJustBeforeExitArrives() throws {
         try onLoopThread { loop in
             let count = 500

@@ -27,8 +27,8 @@ private let connectionLogger = Logger(label: "PortKitZeroMQ.ZMQConnection")
 
 final class ZMQConnection: @unchecked Sendable {
     let endpoint: ZMQEndpoint
-    /// The PUSH socket (nil once the connection is dead) and the batch being filled. Held for
-    /// a whole send, waits included.
+    /// The PUSH socket (nil once the connection is dead or closed at exit) and the batch being
+    /// filled. Held for a whole send, waits included.
     private let sending: ZMQMutex<Sending>
     /// Wakes a send that waits for room when the connection dies.
     private let interrupt: InterruptSignal
@@ -47,7 +47,7 @@ final class ZMQConnection: @unchecked Sendable {
     private struct Sending: ~Copyable {
         var socket: ZMQSocket?
         var batch = ZMQBatch()
-        /// When the last message that went alone was sent, or the open batch opened
+        /// When the send of the last message that went alone began, or the open batch opened
         /// (nanoseconds of uptime): a message less than `window` after it opens a batch.
         var windowStart: UInt64 = 0
         /// `ZMQBatch.defaultWindow`; the tests widen it.
@@ -86,6 +86,8 @@ final class ZMQConnection: @unchecked Sendable {
         try push.connect(endpoint.description)
         interrupt = try InterruptSignal()
         sending = ZMQMutex(Sending(socket: push))
+        // The flusher's thread is made now, if it is not yet, not later under the lock.
+        _ = PKRunLoop.hasFlusher
         monitor.start { [weak self] event in self?.monitorReported(event) }
     }
 
@@ -116,8 +118,9 @@ final class ZMQConnection: @unchecked Sendable {
             try sending.withLock { sending throws(PKError) in
                 try checkOpen(sending)
                 try flush(&sending, before: deadline)
+                let start = PKDeadline.now.uptimeNanoseconds
                 try send(&frame, on: &sending, before: deadline)
-                sending.windowStart = PKDeadline.now.uptimeNanoseconds
+                sending.windowStart = start
             }
             return
         }
@@ -252,8 +255,8 @@ final class ZMQConnection: @unchecked Sendable {
         if flushNeeded { queueFlush() }
     }
 
-    /// At the process's exit: sends the batch (waiting up to `ZMQBatch.exitPatience` for room)
-    /// and closes the socket, which lingers until libzmq has written what it holds
+    /// At the process's exit: sends the batch and closes the socket, within
+    /// `ZMQBatch.exitPatience` for the lock and the room together,, which lingers until libzmq has written what it holds
     /// (`isReleased`); a send after this fails with `.invalidPort`. Returns whether there is
     /// anything to wait for. A connection another thread keeps locked for longer than
     /// `exitPatience` (a send waiting for room, maybe for ever) is left as it is: the exit must
@@ -448,7 +451,7 @@ struct ZMQBatch: ~Copyable {
     /// opened) opens a batch (nanoseconds). A stream's sends come well under a microsecond
     /// apart, a round trip's far more than this.
     static let defaultWindow: UInt64 = 2_000
-    /// How long a batch waits for room when the process exits.
+    /// How long the exit waits for a connection's lock and then room for its batch, together.
     static let exitPatience = Duration.milliseconds(200)
 
     private var area: UnsafeMutableRawBufferPointer?

@@ -283,9 +283,10 @@ final class ZMQInbox: @unchecked Sendable {
         onCancel = {}
         let io = self.io
         if let loop, source != nil, !loop.isOwnedByCurrentThread {
-            loop.perform(inModes: [.common] + Array(modes)) {
+            loop.perform(inModes: [.common] + Array(modes)) { [weak self] in
                 source?.invalidate()
                 again?.invalidate()
+                self?.heldFrame.release()
                 io.mutex.withLock { $0.close() }
             }
             return

@@ -134,14 +134,11 @@ struct ZMQHeldFrame {
     private(set) var more = false
     /// Where reading its bytes has got to; its owner's.
     var offset = 0
+    /// The frame's bytes (empty when none is held); valid until `release` or the next receive.
+    /// Found once a frame (libzmq checks the message on every call that asks).
+    private(set) var bytes = UnsafeRawBufferPointer(start: nil, count: 0)
 
     init(_ storage: ZMQFrameStorage) { self.storage = storage }
-
-    /// The frame's bytes (empty when none is held); valid until `release` or the next receive.
-    var bytes: UnsafeRawBufferPointer {
-        let size = isHeld ? zmq_msg_size(storage.message) : 0
-        return UnsafeRawBufferPointer(start: size == 0 ? nil : zmq_msg_data(storage.message), count: size)
-    }
 
     /// Frees the frame's bytes; idempotent.
     mutating func release() {
@@ -150,6 +147,7 @@ struct ZMQHeldFrame {
         isHeld = false
         more = false
         offset = 0
+        bytes = UnsafeRawBufferPointer(start: nil, count: 0)
     }
 
     fileprivate mutating func received(from socket: UnsafeMutableRawPointer) throws(PKError) -> Bool {
@@ -162,6 +160,8 @@ struct ZMQHeldFrame {
         }
         isHeld = true
         more = zmq_msg_more(storage.message) != 0
+        let size = zmq_msg_size(storage.message)
+        bytes = UnsafeRawBufferPointer(start: size == 0 ? nil : zmq_msg_data(storage.message), count: size)
         return true
     }
 }
