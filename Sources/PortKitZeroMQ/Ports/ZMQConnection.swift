@@ -39,8 +39,9 @@ final class ZMQConnection: @unchecked Sendable {
     /// Set when libzmq has let go of the socket (its monitor stopped): after a close, once the
     /// messages it held are written or its linger has passed.
     private let socketReleased = Atomic<Bool>(false)
-    /// Set, under `state`'s lock, when the handshake succeeds: a send asks it with one load
-    /// before it opens a batch (a batch never waits for a connection, only for room).
+    /// Whether the ZMTP handshake has succeeded: set under `state`'s lock (where
+    /// `onEstablished` registers its handlers), read with one load (a send asks it before it
+    /// opens a batch: a batch never waits for a connection, only for room).
     private let handshaken = Atomic<Bool>(false)
 
     /// What a send takes the lock for.
@@ -71,7 +72,6 @@ final class ZMQConnection: @unchecked Sendable {
     }
 
     private struct State {
-        var established = false
         var deadReason: String?
         var deathHandlers: [Int: @Sendable (String) -> Void] = [:]
         var establishedHandlers: [@Sendable (Bool) -> Void] = []
@@ -98,7 +98,7 @@ final class ZMQConnection: @unchecked Sendable {
     }
 
     /// Whether the ZMTP handshake with the peer has succeeded.
-    var isEstablished: Bool { state.withLock { $0.established } }
+    var isEstablished: Bool { handshaken.load(ordering: .acquiring) }
 
     // MARK: - Sending
 
@@ -130,7 +130,7 @@ final class ZMQConnection: @unchecked Sendable {
                 // The clock is read only when no batch is open: while one is, a message joins it.
                 let now = PKDeadline.now.uptimeNanoseconds
                 let opensBatch = now &- sending.windowStart < sending.window
-                    && handshaken.load(ordering: .relaxed) && PKRunLoop.hasFlusher
+                    && handshaken.load(ordering: .acquiring) && PKRunLoop.hasFlusher
                 guard opensBatch else {
                     var frame = try ZMQOutgoingFrame(byteCount: byteCount, write)
                     try send(&frame, on: &sending, before: deadline)
@@ -318,7 +318,7 @@ final class ZMQConnection: @unchecked Sendable {
     /// this one.
     func onEstablished(_ handler: @escaping @Sendable (Bool) -> Void) {
         let now = state.withLock { state -> Bool? in
-            if state.established { return true }
+            if handshaken.load(ordering: .acquiring) { return true }
             if state.deadReason != nil { return false }
             state.establishedHandlers.append(handler)
             return nil
@@ -359,8 +359,7 @@ final class ZMQConnection: @unchecked Sendable {
         switch event {
         case ZMQMonitorEvent.handshakeSucceeded:
             let waiting = state.withLock { state -> [@Sendable (Bool) -> Void] in
-                state.established = true
-                handshaken.store(true, ordering: .relaxed)
+                handshaken.store(true, ordering: .releasing)
                 defer { state.establishedHandlers = [] }
                 return state.establishedHandlers
             }

@@ -36,17 +36,14 @@ final class ZMQInbox: @unchecked Sendable {
     /// The frame being read: a batch's messages are taken one at a time, across wake-ups.
     /// Received into under `io`'s lock (the socket's), read without it. Loop-only, as `drain`.
     @exclusivity(unchecked) private var heldFrame: ZMQHeldFrame
-    /// Reads the messages of `heldFrame` (its limits; `IO.decoder` keeps the state between
-    /// frames).
-    private let reader: ZMQDecoder<PKZMQComponent>
+    /// Reads `heldFrame`'s messages, and skips the rest of a dropped multipart message.
+    /// Loop-only, as `heldFrame`.
+    @exclusivity(unchecked) private var decoder: ZMQDecoder<PKZMQComponent>
 
     private struct IO {
         var socket: ZMQSocket?
         /// Reads the socket's ZMQ_EVENT_CLOSED events, to close synchronously.
         var closedEvents: ZMQSocket?
-        var decoder: ZMQDecoder<PKZMQComponent>
-        /// The storage of the inbox's `heldFrame`: closing frees the frame it holds.
-        let frameStorage: ZMQFrameStorage
         /// Frames received so far (the tests tell batches from single messages by it).
         var framesReceived = 0
         var claims: [EndpointClaim] = []
@@ -82,7 +79,6 @@ final class ZMQInbox: @unchecked Sendable {
             // Stop the monitor before closing its reader: libzmq sends monitor events with a
             // blocking send, so an event for a reader that is gone would block its I/O thread.
             try? socket?.monitor(nil, events: 0)
-            frameStorage.clear()
             socket?.close()
             socket = nil
             closedEvents?.close()
@@ -96,11 +92,12 @@ final class ZMQInbox: @unchecked Sendable {
         }
     }
 
-    /// The socket, its decoder and its claims, under one lock; a class so that a close
+    /// The socket and its claims, under one lock; a class so that a close
     /// deferred to the loop's thread can hold it after the inbox is gone.
     private final class LockedIO: Sendable {
         let mutex: ZMQMutex<IO>
-        /// Outlives the inbox when a close is deferred to the loop.
+        /// The storage of the inbox's `heldFrame` (which releases its frame when the inbox
+        /// closes); freed here, since this outlives the inbox when a close is deferred to the loop.
         let frameStorage: ZMQFrameStorage
         init(_ io: consuming sending IO, frameStorage: ZMQFrameStorage) {
             mutex = ZMQMutex(io)
@@ -136,10 +133,10 @@ final class ZMQInbox: @unchecked Sendable {
         try closedEvents.connect(address)
         self.limits = ZMQWireLimits(limits)
         descriptor = socket.pollDescriptor
-        reader = ZMQDecoder(limits: ZMQWireLimits(limits))
+        decoder = ZMQDecoder(limits: ZMQWireLimits(limits))
         let storage = ZMQFrameStorage.allocate()
         heldFrame = ZMQHeldFrame(storage)
-        io = LockedIO(IO(socket: socket, closedEvents: closedEvents, decoder: reader, frameStorage: storage), frameStorage: storage)
+        io = LockedIO(IO(socket: socket, closedEvents: closedEvents), frameStorage: storage)
     }
 
     /// Binds `endpoint` (an `ipc://` path under its lock first) and returns the endpoint
@@ -365,7 +362,7 @@ final class ZMQInbox: @unchecked Sendable {
                 guard got == true else { return outcome }
                 io.framesReceived += 1
                 let more = heldFrame.more
-                guard let verdict = io.decoder.begin(frameWithMore: more) else { return readHeldFrame() }
+                guard let verdict = decoder.begin(frameWithMore: more) else { return readHeldFrame() }
                 heldFrame.release()
                 if case .violation(let reason) = verdict { outcome = .violation(reason) }
                 if case .none = outcome { outcome = .skipped }
@@ -377,7 +374,7 @@ final class ZMQInbox: @unchecked Sendable {
     /// The message at the held frame's offset; releases the frame after its last.
     private func readHeldFrame() -> Received {
         let bytes = heldFrame.bytes
-        let output = reader.next(in: bytes, at: &heldFrame.offset, reusing: &spare)
+        let output = decoder.next(in: bytes, at: &heldFrame.offset, reusing: &spare)
         if heldFrame.offset >= bytes.count { heldFrame.release() }
         switch output {
         case .message(let message): return .message(message)
