@@ -15,7 +15,7 @@ public struct PKError: Error, CustomStringConvertible, Sendable {
             case system, sendTimedOut, receiveTimedOut, invalidPort, portInvalidated
             case transport, protocolViolation, limitExceeded, badName, nameInUse
             case nameNotFound, unsafeDirectory, permissionDenied, checkInTimedOut
-            case checkInFailed
+            case checkInFailed, interrupted
         }
         private let base: Base
         private init(_ base: Base) { self.base = base }
@@ -51,6 +51,9 @@ public struct PKError: Error, CustomStringConvertible, Sendable {
         public static let checkInTimedOut = Code(.checkInTimedOut)
         /// A worker ended, or sent something else, before checking in.
         public static let checkInFailed = Code(.checkInFailed)
+        /// The wait ended early: the run loop it ran was stopped (`PKRunLoop.stop()`). The stop
+        /// then reaches the run the wait was made in.
+        public static let interrupted = Code(.interrupted)
     }
 
     /// What kind of failure this is.

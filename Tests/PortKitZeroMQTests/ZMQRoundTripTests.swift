@@ -114,6 +114,34 @@ import PortKitZeroMQ
         }
     }
 
+    /// A stop of the caller's loop while a request waits (here by the server, once it has the
+    /// request, which it leaves unanswered) ends the request with `.interrupted`, long before
+    /// its deadline, and reaches the run the request was made in.
+    @Test func aStopWhileWaitingInterruptsTheRequestAndReachesTheOuterRun() throws {
+        let requester = Locked<PKRunLoop?>(nil)
+        let server = try ZMQEchoServer(endpoint: "tcp://127.0.0.1:*") { _ in requester.value?.stop() }
+        defer { server.stop() }
+        let (code, outer) = try onLoopThread { loop in
+            requester.value = loop
+            let keep = PKCustomSource(perform: {})
+            loop.add(keep, forMode: .default)
+            defer { keep.invalidate() }
+            let right = try PKZMQSendPort(connectingTo: server.endpoint)
+            let code = Locked<PKError.Code?>(nil)
+            loop.perform(inModes: [.default]) {
+                do throws(PKError) {
+                    try right.sendRequest(PKZMQMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .seconds(3600))
+                } catch {
+                    code.value = error.code
+                }
+            }
+            let outer = loop.run(in: .default, until: .after(.seconds(30)))
+            return (code.value, outer)
+        }
+        #expect(code == .interrupted)
+        #expect(outer == .stopped)
+    }
+
     @Test func sendToAnEndpointNobodyBoundTimesOut() throws {
         let right = try PKZMQSendPort(connectingTo: "tcp://127.0.0.1:1")
         expectPKError(.sendTimedOut) { try right.send(PKZMQMessage(msgid: 1), timeout: .milliseconds(200)) }

@@ -181,6 +181,7 @@ enum CheckInFuzzing {
                     ? .accepted(data: data) : .failed(.checkInFailed)
             case .workerGone: expected = .failed(.checkInFailed)
             case .deadlinePassed: expected = .failed(.checkInTimedOut)
+            case .interrupted: expected = .failed(.interrupted)
             }
             switch action {
             case .wait: actual = .waiting

@@ -56,11 +56,18 @@ final class CheckInListener {
     ///   after the check-in, until the listener is released: a worker process watches that
     ///   connection to learn that its launcher died.
     /// - Returns: the worker's port and its check-in data.
-    /// - Throws: `PKError` with `.checkInTimedOut` or `.checkInFailed`.
+    /// - Throws: `PKError` with `.checkInTimedOut`, `.checkInFailed` or `.interrupted` (the
+    ///   loop was stopped; the stop is passed on to the run the wait was made in).
     func wait(for name: String, until deadline: PKDeadline, keepOpen: Bool = false) throws(PKError) -> (port: PKSendPort, data: [UInt8]) {
         while action == .wait {
-            if loop.run(in: mode, until: deadline, returnAfterSourceHandled: true) == .timedOut, action == .wait {
-                action = machine.handle(.deadlinePassed)
+            switch loop.runPrivately(in: mode, until: deadline, returnAfterSourceHandled: true) {
+            case .timedOut:
+                if action == .wait { action = machine.handle(.deadlinePassed) }
+            case .stopped:
+                loop.stop()  // not ours: pass the stop outward
+                if action == .wait { action = machine.handle(.interrupted) }
+            case .handledSource, .finished:
+                break
             }
         }
         if !keepOpen || action != .acceptWorker { port.invalidate() }

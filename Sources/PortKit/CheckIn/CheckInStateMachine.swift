@@ -16,6 +16,8 @@ struct CheckInStateMachine {
         case workerGone
         /// The check-in deadline passed.
         case deadlinePassed
+        /// The launcher's run loop was stopped while it waited.
+        case interrupted
     }
 
     enum Action: Equatable {
@@ -54,6 +56,9 @@ struct CheckInStateMachine {
         case .deadlinePassed:
             state = .failed
             return .fail(.checkInTimedOut, "the worker did not check in before the deadline")
+        case .interrupted:
+            state = .failed
+            return .fail(.interrupted, "the run loop was stopped while waiting for the worker to check in")
         }
     }
 }

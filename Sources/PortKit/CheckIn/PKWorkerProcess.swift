@@ -40,7 +40,9 @@ public final class PKWorkerProcess: @unchecked Sendable {
     ///   - mainPort: a port the child can report to (`PKWorkerContext.mainPort`).
     ///   - checkInTimeout: how long the child has to check in.
     /// - Throws: `PKError` with `.checkInTimedOut`, `.checkInFailed` (the child exited first),
-    ///   or `.system` if it could not be started.
+    ///   `.interrupted` (the calling thread's loop was stopped while it waited; the child is
+    ///   killed and the stop passed on to the run the launch was made in), or `.system` if it
+    ///   could not be started.
     public init(
         executable: String, arguments: [String] = [], name: String = "PKWorkerProcess",
         mainPort: PKSendPort? = nil, checkInTimeout: Duration = PKCheckIn.defaultTimeout

@@ -66,8 +66,10 @@ public final class PKWorkerThread: @unchecked Sendable {
     ///   - checkInTimeout: how long the worker has to check in.
     ///   - setUp: runs on the worker thread before it checks in; set `context.port.handler`
     ///     here. Throwing ends the thread without checking in.
-    /// - Throws: `PKError` with `.checkInTimedOut` or `.checkInFailed`, or `.system` if no
-    ///   thread could be started.
+    /// - Throws: `PKError` with `.checkInTimedOut`, `.checkInFailed`, `.interrupted` (the
+    ///   calling thread's loop was stopped while it waited; the stop is passed on to the run
+    ///   the launch was made in, and the worker, left to itself, ends when it finds the
+    ///   check-in port gone), or `.system` if no thread could be started.
     public init(
         name: String = "PKWorker", mainPort: PKSendPort? = nil,
         checkInTimeout: Duration = PKCheckIn.defaultTimeout,

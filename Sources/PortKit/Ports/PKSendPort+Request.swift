@@ -34,8 +34,9 @@ extension PKSendPort {
     /// - Returns: the reply, or `nil` for a one-way send.
     /// - Throws: `PKError` with `.sendTimedOut`, `.receiveTimedOut`, `.invalidPort` (invalid
     ///   before the request went out), `.portInvalidated` (the port died, or its owner dropped
-    ///   the reply port without answering, while the caller waited), `.transport`, or
-    ///   `.limitExceeded`.
+    ///   the reply port without answering, while the caller waited), `.interrupted` (the loop
+    ///   was stopped while it waited: the stop is passed on to the run the request was made
+    ///   in), `.transport`, or `.limitExceeded`.
     @discardableResult
     public func sendRequest(
         _ message: PKPortMessage, sendTimeout: Duration, receiveTimeout: Duration?
@@ -68,10 +69,15 @@ extension PKSendPort {
         }
 
         let deadline = PKDeadline.after(receiveTimeout)
+        var stopped = false
         while slot.reply == nil && !slot.remoteDied && !slot.abandoned && slot.channelFailure == nil {
-            let result = loop.run(in: slot.mode, until: deadline, returnAfterSourceHandled: true)
+            let result = loop.runPrivately(in: slot.mode, until: deadline, returnAfterSourceHandled: true)
             if result == .timedOut || result == .finished { break }
-            if result == .stopped { loop.stop() ; break }  // not ours: pass the stop outward
+            if result == .stopped {  // not ours: pass the stop outward
+                loop.stop()
+                stopped = true
+                break
+            }
         }
         if let reply = slot.reply { return reply }
         if slot.remoteDied {
@@ -83,6 +89,7 @@ extension PKSendPort {
         if let failure = slot.channelFailure {
             throw PKError(.transport, "the remote port's owner broke the protocol on the reply channel: \(failure)")
         }
+        if stopped { throw PKError(.interrupted, "the run loop was stopped while waiting for the reply") }
         throw PKError(.receiveTimedOut, "no reply arrived within \(receiveTimeout)")
     }
 }

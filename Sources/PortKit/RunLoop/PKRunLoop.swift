@@ -427,6 +427,24 @@ public final class PKRunLoop: @unchecked Sendable {
         run(in: mode, until: .distantPast)
     }
 
+    /// A run in a mode of PortKit's own (a request's wait for its reply, a check-in's): as
+    /// `run(in:until:returnAfterSourceHandled:)`, except that on a hosted loop between two of
+    /// its host's passes the timerfd is left armed as the run found it, for the host's mode.
+    /// (An outermost run otherwise stays armed for its own mode, whose timers no host runs: a
+    /// timer of the host's mode would then never make `descriptor` readable.) Loop-only.
+    @discardableResult
+    package func runPrivately(
+        in mode: PKRunLoopMode, until deadline: PKDeadline, returnAfterSourceHandled: Bool
+    ) -> PKRunLoopRunResult {
+        guard currentMode == nil, hosted.load(ordering: .relaxed) else {
+            return run(in: mode, until: deadline, returnAfterSourceHandled: returnAfterSourceHandled)
+        }
+        let hostRecord = armedRecord
+        let result = run(in: mode, until: deadline, returnAfterSourceHandled: returnAfterSourceHandled)
+        armTimer(for: hostRecord)
+        return result
+    }
+
     private func runPasses(_ record: ModeRecord, _ deadline: PKDeadline, _ returnAfter: Bool) -> PKRunLoopRunResult {
         let mode = record.mode
         let capacity = EventBuffer.capacity

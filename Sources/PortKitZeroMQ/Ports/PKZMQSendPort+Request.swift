@@ -24,7 +24,8 @@ extension PKZMQSendPort {
     /// - Throws: `.sendTimedOut`, `.receiveTimedOut`, `.invalidPort` (invalid before the request
     ///   went out), `.portInvalidated` (the port's connection died while the caller waited, and
     ///   no reply came within `ZMQReplyWaiter.deathGrace`, 250 ms, of its death),
-    ///   `.limitExceeded`, `.transport`.
+    ///   `.interrupted` (the loop was stopped while it waited: the stop is passed on to the run
+    ///   the request was made in), `.limitExceeded`, `.transport`.
     @discardableResult
     public func sendRequest(
         _ message: PKZMQMessage, sendTimeout: Duration, receiveTimeout: Duration?
@@ -45,9 +46,12 @@ extension PKZMQSendPort {
         defer { pending.end() }
         let deadline = PKDeadline.after(receiveTimeout)
         while waiter.outcome == nil {
-            let result = loop.run(in: mode, until: deadline, returnAfterSourceHandled: true)
+            let result = loop.runPrivately(in: mode, until: deadline, returnAfterSourceHandled: true)
             if result == .timedOut || result == .finished { break }
-            if result == .stopped { loop.stop(); break }  // not ours: pass the stop outward
+            if result == .stopped {  // not ours: pass the stop outward
+                loop.stop()
+                if waiter.outcome == nil { throw PKError(.interrupted, "the run loop was stopped while waiting for the reply") }
+            }
         }
         return try Self.reply(from: waiter.outcome, receiveTimeout: receiveTimeout)
     }

@@ -30,6 +30,35 @@ import Testing
         }
     }
 
+    /// A stop of the launcher's loop while it waits for the check-in (here sent by the worker
+    /// itself, which then waits to be told the launch failed) ends the launch with
+    /// `.interrupted`, long before its deadline, and reaches the run the launch was made in.
+    @Test func aStopWhileWaitingForTheCheckInInterruptsTheLaunch() throws {
+        struct Abandoned: Error {}
+        let (code, outer) = try onLoopThread { loop in
+            let keep = keepAlive(loop, .default)
+            defer { keep.invalidate() }
+            let code = Locked<PKError.Code?>(nil)
+            let launchEnded = Locked(false)
+            loop.perform(inModes: [.default]) {
+                do throws(PKError) {
+                    _ = try PKWorkerThread(name: "stopper", checkInTimeout: .seconds(3600)) { _ in
+                        loop.stop()
+                        try? waitUntil("the launch to fail", timeout: .seconds(20)) { launchEnded.value }
+                        throw Abandoned()
+                    }
+                } catch {
+                    code.value = error.code
+                }
+                launchEnded.value = true
+            }
+            let outer = loop.run(in: .default, until: .after(patience(.seconds(30))))
+            return (code.value, outer)
+        }
+        #expect(code == .interrupted)
+        #expect(outer == .stopped)
+    }
+
     @Test func workerThatEndsBeforeCheckingInFails() throws {
         struct SetUpFailed: Error {}
         try onLoopThread { _ in

@@ -125,6 +125,62 @@ import Testing
         kept.value = []
     }
 
+    /// `.interrupted`: the caller's loop is stopped while the request waits (here by the
+    /// server, once it has the request, which it keeps unanswered). The request ends at once,
+    /// not at its deadline, and the stop reaches the run the request was made in.
+    @Test(arguments: Road.allCases)
+    func aStopWhileWaitingInterruptsTheRequestAndReachesTheOuterRun(_ road: Road) throws {
+        let kept = Locked<[PKSendPort]>([])
+        let requester = Locked<PKRunLoop?>(nil)
+        let server = try PortServer { port, _ in
+            port.handler = { message in
+                if let reply = message.replyPort { kept.withLock { $0.append(reply) } }
+                requester.value?.stop()
+            }
+        }
+        let right = try Self.right(server, road)
+        let (code, outer) = try onPortLoopThread { loop in
+            requester.value = loop
+            let keep = keepAlive(loop, .default)
+            defer { keep.invalidate() }
+            let code = Locked<PKError.Code?>(nil)
+            loop.perform(inModes: [.default]) {
+                code.value = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .seconds(3600)) }
+            }
+            let outer = loop.run(in: .default, until: .after(patience(.seconds(30))))
+            return (code.value, outer)
+        }
+        #expect(code == .interrupted)
+        #expect(outer == .stopped)
+        kept.value = []
+        try server.stop()
+    }
+
+    /// A request made between the passes of a hosted loop (its host waits for `descriptor`)
+    /// leaves the loop's timerfd armed for the host's mode, not for the request's private one:
+    /// a timer of the host's mode still makes the descriptor readable.
+    @Test(arguments: Road.allCases)
+    func aRequestBetweenAHostedLoopsPassesLeavesItsTimerArmed(_ road: Road) throws {
+        let server = try PortServer { port, _ in
+            port.handler = { try? $0.replyPort?.send(PKPortMessage(msgid: $0.msgid + 1), timeout: .seconds(5)) }
+        }
+        let right = try Self.right(server, road)
+        let fired = try onPortLoopThread { loop in
+            let mode: PKRunLoopMode = "request-hosted"
+            _ = loop.descriptor
+            let fired = Locked(false)
+            let timer = loop.scheduleTimer(after: .milliseconds(50), forMode: mode) { _ in fired.value = true }
+            defer { timer.invalidate() }
+            loop.runOnePass(in: mode)  // the host's first pass
+            let reply = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
+            #expect(reply?.msgid == 2)
+            try runAsHost(loop, mode, "the hosted loop's timer after a request") { fired.value }
+            return fired.value
+        }
+        #expect(fired)
+        try server.stop()
+    }
+
     /// `.portInvalidated`: the remote port's owner drops the reply port without answering.
     @Test(arguments: Road.allCases)
     func remoteDropsTheReplyPortWithoutAnswering(_ road: Road) throws {

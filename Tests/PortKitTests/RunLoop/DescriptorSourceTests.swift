@@ -281,11 +281,11 @@ extension RunLoopTests {
                 loop.perform(inModes: [mode]) {
                     loop.scheduleTimer(after: .milliseconds(20), forMode: mode) { _ in fired.value = true }
                 }
-                try host(loop, mode, "timer") { fired.value }
+                try runAsHost(loop, mode, "timer") { fired.value }
 
                 let performed = Locked(false)
                 let other = TestThread { loop.perform(inModes: [mode]) { performed.value = true } }
-                try host(loop, mode, "perform") { performed.value }
+                try runAsHost(loop, mode, "perform") { performed.value }
                 try other.join()
                 return (fired.value, performed.value)
             }
@@ -353,7 +353,7 @@ extension RunLoopTests.DescriptorSourceTests {
             defer { timer.invalidate() }
             _ = loop.descriptor
             pipe.makeReadable()
-            try host(loop, mode, "the timer after a nested run") { fired.value }
+            try runAsHost(loop, mode, "the timer after a nested run") { fired.value }
             return fired.value
         }
         #expect(fired)
@@ -362,7 +362,7 @@ extension RunLoopTests.DescriptorSourceTests {
 
 /// A host's event loop: waits in poll(2) for `loop.descriptor` (never longer than 5 s) and
 /// runs one pass each time it is readable, until `done`.
-private func host(_ loop: PKRunLoop, _ mode: PKRunLoopMode, _ what: String, until done: () -> Bool) throws {
+func runAsHost(_ loop: PKRunLoop, _ mode: PKRunLoopMode, _ what: String, until done: () -> Bool) throws {
     let deadline = PKDeadline.after(patience(.seconds(10)))
     while !done() {
         if deadline.hasPassed { throw TestTimeout(what: what) }
@@ -441,7 +441,7 @@ extension RunLoopTests.DescriptorSourceTests {
             let timer = PKTimer(fireDate: .after(.milliseconds(20))) { _ in fired.value = true }
             loop.add(timer, forMode: .common)
             defer { timer.invalidate() }
-            try host(loop, .default, "a common timer of a loop that never ran") { fired.value }
+            try runAsHost(loop, .default, "a common timer of a loop that never ran") { fired.value }
             return fired.value
         }
         #expect(fired)
@@ -482,7 +482,7 @@ private func onceBeforeWaiting(_ loop: PKRunLoop, _ mode: PKRunLoopMode, _ body:
 }
 
 /// Whether `fd` is readable within `timeoutMilliseconds`, by `poll(2)`.
-private func pollReadable(_ fd: Int32, timeoutMilliseconds: Int32) throws -> Bool {
+func pollReadable(_ fd: Int32, timeoutMilliseconds: Int32) throws -> Bool {
     var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
     while true {
         let n = poll(&entry, 1, timeoutMilliseconds)
@@ -520,7 +520,7 @@ extension RunLoopTests.DescriptorSourceTests {
             defer { triggerSource.invalidate() }
             _ = loop.descriptor
             trigger.makeReadable()
-            try host(loop, mode, "the parked source") { handled.value }
+            try runAsHost(loop, mode, "the parked source") { handled.value }
             return handled.value
         }
         #expect(handled)
@@ -548,7 +548,7 @@ extension RunLoopTests.DescriptorSourceTests {
             pipe.makeReadable()
             loop.runOnePass(in: mode)  // not hosted yet
             _ = loop.descriptor
-            try host(loop, mode, "the timer of a loop hosted after a run") { fired.value }
+            try runAsHost(loop, mode, "the timer of a loop hosted after a run") { fired.value }
             return fired.value
         }
         #expect(fired)
@@ -607,7 +607,7 @@ extension RunLoopTests.DescriptorSourceTests {
             let fired = Locked(false)
             let timer = loop.scheduleTimer(after: .milliseconds(20), forMode: mode) { _ in fired.value = true }
             defer { timer.invalidate() }
-            try host(loop, mode, "a timer added between passes") { fired.value }
+            try runAsHost(loop, mode, "a timer added between passes") { fired.value }
             return fired.value
         }
         #expect(fired)

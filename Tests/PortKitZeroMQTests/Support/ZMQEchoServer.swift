@@ -12,13 +12,15 @@ final class ZMQEchoServer: @unchecked Sendable {
     private let port: PKZMQReceivePort
     private let finished = Locked(false)
 
-    init(endpoint: String, limits: PKPortLimits = .default) throws {
+    /// A server on its own thread; `handler` replaces the echo.
+    init(endpoint: String, limits: PKPortLimits = .default, handler: (@Sendable (PKZMQMessage) -> Void)? = nil) throws {
         let ready = Locked<Result<(PKRunLoop, PKZMQReceivePort), any Error>?>(nil)
         let finished = self.finished
         let thread = Thread {
             let loop = PKRunLoop.current
             do {
                 let port = try PKZMQReceivePort(bindingTo: endpoint, limits: limits) { message in
+                    if let handler { return handler(message) }
                     try? message.replyPort?.send(PKZMQMessage(msgid: message.msgid, components: message.components), timeout: .seconds(5))
                 }
                 try loop.add(port, forMode: .default)
