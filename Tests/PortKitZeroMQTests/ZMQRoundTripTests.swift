@@ -130,7 +130,7 @@ import PortKitZeroMQ
             let code = Locked<PKError.Code?>(nil)
             loop.perform(inModes: [.default]) {
                 do throws(PKError) {
-                    try right.sendRequest(PKZMQMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .seconds(3600))
+                    try right.sendRequest(PKZMQMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .seconds(20))
                 } catch {
                     code.value = error.code
                 }

@@ -11,7 +11,8 @@
 /// ```
 /// byte 0        bits 0-4: N, the number of script bytes that follow
 ///               bit 5:    generated mode: the rest describes messages to encode (see below)
-///               bit 6:    the check-in deadline passes once the stream is read, before its end
+///               bit 6:    once the stream is read, before its end, the check-in deadline
+///                         passes (N even) or the launcher's loop is stopped (N odd)
 ///               bit 7:    environment mode: the rest is a PORTKIT_WORKER value (UTF-8,
 ///                         repaired); the other bits and the script are ignored
 /// bytes 1...N   the script, used cyclically, one byte per read (as `WireFuzzing`'s):
@@ -25,7 +26,8 @@
 /// port another sender, so that the worker's connection closing no longer means the worker is
 /// gone; a protocol error or the end of the stream, which close the worker's connection (the
 /// worker is gone, unless a sender was attached); and last, the check-in deadline, which every
-/// wait has. Bit 6 makes the deadline pass before the connection closes too.
+/// wait has. Bit 6 makes the deadline pass, or a stop of the launcher's loop come, before the
+/// connection closes too.
 ///
 /// In generated mode the rest describes the worker's messages, one operation per byte (its low
 /// 2 bits; the 6 bits above are its operand L):
@@ -38,8 +40,9 @@
 /// The properties, each checked with `precondition`:
 /// - The launcher follows the check-in rules (README, "The guide's check-in"; design section
 ///   7): the first event decides; a message with msgid 100 and a reply port is the check-in,
-///   and the launcher keeps exactly that message's data; any other message, the worker's end
-///   and the deadline fail it (`.checkInFailed`, `.checkInFailed`, `.checkInTimedOut`).
+///   and the launcher keeps exactly that message's data; any other message, the worker's end,
+///   the deadline and a stop fail it (`.checkInFailed`, `.checkInFailed`, `.checkInTimedOut`,
+///   `.interrupted`).
 /// - Decided once: after its decision the state machine answers `.wait` and keeps its state.
 /// - It always ends: after the deadline nothing is still waiting.
 /// - Round trip: an accepted check-in, sent again the way `WorkerRuntime` sends it (msgid 100,
@@ -78,7 +81,7 @@ enum CheckInFuzzing {
         } else {
             _ = read(rest, script: script, descriptorsAt: nil, into: &launcher)
         }
-        launcher.end(deadlineFirst: header & 0x40 != 0)
+        launcher.end(first: header & 0x40 == 0 ? nil : scriptCount % 2 == 0 ? .deadlinePassed : .interrupted)
     }
 
     /// Reads `stream` in the script's chunk sizes and hands every frame to `launcher`, as the
@@ -157,10 +160,11 @@ enum CheckInFuzzing {
             handle(.message(msgid: frame.msgid, hasReplyPort: frame.hasReplyPort), data: data)
         }
 
-        /// The stream is over: maybe the deadline first, then the connection's end (the worker
-        /// is gone unless another sender holds the port), then the deadline every wait has.
-        mutating func end(deadlineFirst: Bool) {
-            if deadlineFirst { handle(.deadlinePassed) }
+        /// The stream is over: maybe the deadline or a stop first, then the connection's end
+        /// (the worker is gone unless another sender holds the port), then the deadline every
+        /// wait has.
+        mutating func end(first: CheckInStateMachine.Event?) {
+            if let first { handle(first) }
             if attachedSenders == 0 { handle(.workerGone) }
             handle(.deadlinePassed)
             precondition(expected != .waiting && machine.state != .waiting,

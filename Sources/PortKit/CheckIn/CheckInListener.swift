@@ -115,6 +115,15 @@ enum WorkerRuntime {
         do { try checkInRight.send(checkIn, before: .after(PKCheckIn.defaultTimeout)) } catch {
             throw PKError(.checkInFailed, "worker \(name): the check-in message could not be sent: \(error.message)")
         }
+        // A worker whose port has no sender left can never be reached again: its launcher let
+        // the check-in's right go (after stopping it), or gave up before it read the check-in
+        // (its deadline passed, or its loop was stopped), which dropped the message and the
+        // right in it. It ends then rather than serve nobody on a thread nobody joins.
+        let userNoSenders = port.onNoSenders
+        port.onNoSenders = { [unowned context] in
+            userNoSenders?()
+            context.requestStop()
+        }
         var launcherWatch: PKInvalidationWatch?
         if watchLauncher {
             launcherWatch = try? checkInRight.watchInvalidation(on: loop, forMode: .default) { context.requestStop() }

@@ -68,8 +68,9 @@ public final class PKWorkerThread: @unchecked Sendable {
     ///     here. Throwing ends the thread without checking in.
     /// - Throws: `PKError` with `.checkInTimedOut`, `.checkInFailed`, `.interrupted` (the
     ///   calling thread's loop was stopped while it waited; the stop is passed on to the run
-    ///   the launch was made in, and the worker, left to itself, ends when it finds the
-    ///   check-in port gone), or `.system` if no thread could be started.
+    ///   the launch was made in), or `.system` if no thread could be started. A worker whose
+    ///   launch failed ends by itself: its check-in fails, or, sent but never read, leaves
+    ///   its port with no sender.
     public init(
         name: String = "PKWorker", mainPort: PKSendPort? = nil,
         checkInTimeout: Duration = PKCheckIn.defaultTimeout,

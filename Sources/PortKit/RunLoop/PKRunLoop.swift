@@ -429,19 +429,27 @@ public final class PKRunLoop: @unchecked Sendable {
 
     /// A run in a mode of PortKit's own (a request's wait for its reply, a check-in's): as
     /// `run(in:until:returnAfterSourceHandled:)`, except that on a hosted loop between two of
-    /// its host's passes the timerfd is left armed as the run found it, for the host's mode.
-    /// (An outermost run otherwise stays armed for its own mode, whose timers no host runs: a
-    /// timer of the host's mode would then never make `descriptor` readable.) Loop-only.
+    /// its host's passes it leaves the loop as it found it for the host's mode. The timerfd is
+    /// armed for that mode again (an outermost run otherwise stays armed for its own mode,
+    /// whose timers no host runs), and work for other modes that woke the private run (a
+    /// perform, a signal, a source that became ready), which it could not do, keeps
+    /// `descriptor` readable for the host's next pass. Loop-only.
     @discardableResult
     package func runPrivately(
         in mode: PKRunLoopMode, until deadline: PKDeadline, returnAfterSourceHandled: Bool
     ) -> PKRunLoopRunResult {
-        guard currentMode == nil, hosted.load(ordering: .relaxed) else {
+        guard currentMode == nil else {
             return run(in: mode, until: deadline, returnAfterSourceHandled: returnAfterSourceHandled)
         }
         let hostRecord = armedRecord
         let result = run(in: mode, until: deadline, returnAfterSourceHandled: returnAfterSourceHandled)
-        armTimer(for: hostRecord)
+        // (Hosted may have begun during the run: a handler read `descriptor`.)
+        if hosted.load(ordering: .relaxed) {
+            armTimer(for: hostRecord)
+            let hostMode = hostRecord?.mode  // nil: the host never ran, nor armed for a timer
+            let parked = hostMode.map { hasParkedSource(in: $0) } ?? !parkedSources.isEmpty
+            if parked || hasQueuedWork(hostMode) || !deferredSignalled.isEmpty { wakeUp() }
+        }
         return result
     }
 

@@ -26,7 +26,8 @@ public struct PKZMQNameService: Sendable {
     /// or silence (the server's heartbeats stop being answered).
     ///
     /// - Throws: `.nameInUse` (a live owner holds the name), `.badName`, `.transport` (the server
-    ///   could not reach the port), `.sendTimedOut`/`.receiveTimedOut` (no server answered).
+    ///   could not reach the port), `.sendTimedOut`/`.receiveTimedOut` (no server answered),
+    ///   `.interrupted` (the calling thread's loop was stopped while it waited).
     public func register(_ port: PKZMQSendPort, name: String, timeout: Duration = .seconds(10)) throws(PKError) {
         try PKZMQEndpoint.validate(name: name)
         let request = PKZMQMessage(msgid: ZMQNameProtocol.register, components: [.data(Array(name.utf8)), .port(port)])
@@ -41,7 +42,7 @@ public struct PKZMQNameService: Sendable {
 
     /// The port registered as `name` (`-[NSPortNameServer portForName:host:]`).
     ///
-    /// - Throws: `.nameNotFound`, `.badName`, `.sendTimedOut`/`.receiveTimedOut`.
+    /// - Throws: `.nameNotFound`, `.badName`, `.sendTimedOut`/`.receiveTimedOut`, `.interrupted`.
     public func lookUp(_ name: String, timeout: Duration = .seconds(5)) throws(PKError) -> PKZMQSendPort {
         try PKZMQEndpoint.validate(name: name)
         let request = PKZMQMessage(msgid: ZMQNameProtocol.lookUp, components: [.data(Array(name.utf8))])
@@ -54,7 +55,8 @@ public struct PKZMQNameService: Sendable {
 
     /// Removes `name`, if `port` holds it.
     ///
-    /// - Throws: `.nameNotFound` if `port` does not hold `name`; timeouts as above.
+    /// - Throws: `.nameNotFound` if `port` does not hold `name`; timeouts and `.interrupted` as
+    ///   above.
     public func unregister(name: String, port: PKZMQSendPort, timeout: Duration = .seconds(5)) throws(PKError) {
         let request = PKZMQMessage(msgid: ZMQNameProtocol.unregister, components: [.data(Array(name.utf8)), .port(port)])
         let reply = try server.sendRequest(request, sendTimeout: timeout, receiveTimeout: timeout)

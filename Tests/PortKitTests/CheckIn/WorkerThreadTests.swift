@@ -42,7 +42,7 @@ import Testing
             let launchEnded = Locked(false)
             loop.perform(inModes: [.default]) {
                 do throws(PKError) {
-                    _ = try PKWorkerThread(name: "stopper", checkInTimeout: .seconds(3600)) { _ in
+                    _ = try PKWorkerThread(name: "stopper", checkInTimeout: patience(.seconds(20))) { _ in
                         loop.stop()
                         try? waitUntil("the launch to fail", timeout: .seconds(20)) { launchEnded.value }
                         throw Abandoned()
@@ -57,6 +57,31 @@ import Testing
         }
         #expect(code == .interrupted)
         #expect(outer == .stopped)
+    }
+
+    /// A worker whose check-in the launcher never read (here the worker stops the launcher's
+    /// loop just before it checks in, and the launch gives up with the check-in unread) can
+    /// never be reached: it ends by itself, and its port with it. (Should the launcher read
+    /// the check-in first after all, the worker is stopped as usual.)
+    @Test func aWorkerWhoseCheckInWasNeverReadEnds() throws {
+        let workerPort = Locked<PKReceivePort?>(nil)
+        let code = try onLoopThread { loop -> PKError.Code? in
+            do throws(PKError) {
+                let worker = try PKWorkerThread(name: "unread", checkInTimeout: patience(.seconds(20))) { context in
+                    workerPort.value = context.port
+                    loop.stop()
+                }
+                try worker.stop()
+                return nil
+            } catch {
+                return error.code
+            }
+        }
+        #expect(code == nil || code == .interrupted)
+        if code == .interrupted {
+            try waitUntil("the unreachable worker to end", timeout: patience(.seconds(10))) { workerPort.value?.isValid == false }
+        }
+        workerPort.value = nil
     }
 
     @Test func workerThatEndsBeforeCheckingInFails() throws {

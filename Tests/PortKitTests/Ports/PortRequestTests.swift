@@ -145,7 +145,7 @@ import Testing
             defer { keep.invalidate() }
             let code = Locked<PKError.Code?>(nil)
             loop.perform(inModes: [.default]) {
-                code.value = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .seconds(3600)) }
+                code.value = Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(20))) }
             }
             let outer = loop.run(in: .default, until: .after(patience(.seconds(30))))
             return (code.value, outer)
@@ -178,6 +178,36 @@ import Testing
             return fired.value
         }
         #expect(fired)
+        try server.stop()
+    }
+
+    /// Work for the host's mode that arrives while a request made between a hosted loop's
+    /// passes waits (here a perform block, queued by the server before it answers) wakes only
+    /// the request's private run, which cannot do it: the loop's descriptor stays readable, and
+    /// the host's next pass runs it.
+    @Test(arguments: Road.allCases)
+    func aPerformQueuedDuringARequestBetweenAHostedLoopsPassesWakesTheHost(_ road: Road) throws {
+        let mode: PKRunLoopMode = "request-hosted-perform"
+        let requester = Locked<PKRunLoop?>(nil)
+        let performed = Locked(false)
+        let server = try PortServer { port, _ in
+            port.handler = { message in
+                requester.value?.perform(inModes: [mode]) { performed.value = true }
+                try? message.replyPort?.send(PKPortMessage(msgid: message.msgid + 1), timeout: .seconds(5))
+            }
+        }
+        let right = try Self.right(server, road)
+        try onPortLoopThread { loop in
+            requester.value = loop
+            _ = loop.descriptor
+            let keep = keepAlive(loop, mode)
+            defer { keep.invalidate() }
+            loop.runOnePass(in: mode)  // the host's first pass
+            let reply = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
+            #expect(reply?.msgid == 2)
+            try runAsHost(loop, mode, "the perform queued during a request") { performed.value }
+        }
+        #expect(performed.value)
         try server.stop()
     }
 
