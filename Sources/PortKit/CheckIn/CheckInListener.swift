@@ -115,14 +115,14 @@ enum WorkerRuntime {
         do { try checkInRight.send(checkIn, before: .after(PKCheckIn.defaultTimeout)) } catch {
             throw PKError(.checkInFailed, "worker \(name): the check-in message could not be sent: \(error.message)")
         }
-        // A worker whose port has no sender left can never be reached again: its launcher let
-        // the check-in's right go (after stopping it), or gave up before it read the check-in
-        // (its deadline passed, or its loop was stopped), which dropped the message and the
-        // right in it. It ends then rather than serve nobody on a thread nobody joins.
-        let userNoSenders = port.onNoSenders
-        port.onNoSenders = { [unowned context] in
-            userNoSenders?()
-            context.requestStop()
+        // A worker whose port has no sender left (no right in a message, a connection, or a
+        // right received in one) is out of its launcher's reach: the launcher let the
+        // check-in's right go (after stopping it), or gave up before it read the check-in (its
+        // deadline passed, or its loop was stopped), which dropped the message and the right
+        // in it. It ends then rather than serve on a thread nobody joins, unless its set-up
+        // chose what no-senders means to it.
+        if port.onNoSenders == nil {
+            port.onNoSenders = { [unowned context] in context.requestStop() }
         }
         var launcherWatch: PKInvalidationWatch?
         if watchLauncher {

@@ -9,6 +9,10 @@ public final class PKWorkerContext: @unchecked Sendable {
     public let loop: PKRunLoop
     /// The worker's own port, scheduled in `.default` on `loop`. Set its `handler` in the
     /// set-up closure; its send right is what the launcher gets as `PKWorkerThread.port`.
+    /// Once the worker has checked in, it ends when the port has no sender left, as when its
+    /// launcher gave up on it (`onNoSenders`: a right made with `makeSendRight()` counts only
+    /// once sent in a message, a registered name not at all). Set `onNoSenders` in the set-up
+    /// closure to decide otherwise.
     public let port: PKReceivePort
     /// The port the launcher asked the worker to report to, if any.
     public let mainPort: PKSendPort?

@@ -509,8 +509,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             }
         }
         deliverQueuedMessages()
-        // The last in-process right left, after every message it sent was delivered.
-        if work.lastLocalSenderLeft && connections.isEmpty && isValid { onNoSenders?() }
+        // The last in-process right left, after every message it sent was delivered (and
+        // none arrived meanwhile: a handler may have sent the port in a message).
+        if work.lastLocalSenderLeft && isValid && hasNoSenders { onNoSenders?() }
     }
 
     /// Moves what the mailbox holds into the local queue, to be delivered in order. While the
@@ -738,15 +739,21 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// Calls `onNoSenders` if the port has no sender left, after delivering everything they sent
     /// (in memory too). During a delivery, the check waits for the delivery to end.
     private func checkNoSenders() {
-        guard connections.isEmpty, isValid, shared.withLock({ $0.pendingAdoptions.isEmpty && $0.localSenders == 0 }) else { return }
+        guard isValid, hasNoSenders else { return }
         if isDelivering {
             noSendersCheckPending = true
             return
         }
         absorbMailbox()
         if localQueueHead < localQueue.count { deliverQueuedMessages() }
-        guard connections.isEmpty, isValid else { return }
+        // Again: a handler of those messages may have sent the port in a message.
+        guard isValid, hasNoSenders else { return }
         onNoSenders?()
+    }
+
+    /// No connection, no in-process right, no connection waiting to be adopted. Loop-only.
+    private var hasNoSenders: Bool {
+        connections.isEmpty && shared.withLock { $0.pendingAdoptions.isEmpty && $0.localSenders == 0 }
     }
 }
 

@@ -214,6 +214,33 @@ import Testing
         }
     }
 
+    /// The last in-process right leaves after a message whose handler sends the port on in a
+    /// message (a right of its own for whoever reads it): the port still has a sender, and
+    /// `onNoSenders` waits until that one has gone too.
+    @Test func noSendersWaitsForARightTheLastMessagesHandlerGaveOut() throws {
+        try onPortLoopThread { loop in
+            let log = Log()
+            let holder = PKReceivePort()
+            try loop.add(holder, forMode: "ns-holder")  // a mode nobody runs: its mailbox keeps the right
+            let port = PKReceivePort()
+            port.handler = { [unowned port] message in
+                log.add("message \(message.msgid)")
+                try? holder.makeSendRight().send(PKPortMessage(msgid: 9, replyPort: port.makeSendRight()), timeout: .seconds(1))
+            }
+            port.onNoSenders = { log.add("no senders") }
+            try loop.add(port, forMode: .default)
+            let right = try rightsByMessage(to: port, count: 1, on: loop)[0]
+            try right.send(PKPortMessage(msgid: 1), timeout: .seconds(1))
+            right.invalidate()
+            try runLoop(loop, "message 1") { log.value.contains("message 1") }
+            #expect(log.value == ["message 1"])
+            holder.invalidate()  // drops the message, and the right in it
+            try runLoop(loop, "no senders") { log.value.contains("no senders") }
+            #expect(log.value == ["message 1", "no senders"])
+            port.invalidate()
+        }
+    }
+
     /// A raw sender closes its connection cleanly after its frames (the end of a sender's
     /// life, or its process dying): every frame is delivered, then `onNoSenders`.
     @Test func peerClosingAfterItsFrames() throws {
