@@ -448,7 +448,8 @@ public final class PKRunLoop: @unchecked Sendable {
             armTimer(for: hostRecord)
             let hostMode = hostRecord?.mode  // nil: the host never ran, nor armed for a timer
             let parked = hostMode.map { hasParkedSource(in: $0) } ?? !parkedSources.isEmpty
-            if parked || hasQueuedWork(hostMode) || !deferredSignalled.isEmpty { wakeUp() }
+            let deferred = hostMode.map { hasDeferredSource(in: $0) } ?? !deferredSignalled.isEmpty
+            if parked || deferred || hasQueuedWork(hostMode) { wakeUp() }
         }
         return result
     }

@@ -181,33 +181,43 @@ import Testing
         try server.stop()
     }
 
+    /// Work for a hosted loop's own mode.
+    enum HostWork: String, CaseIterable, Sendable { case perform, signal }
+
     /// Work for the host's mode that arrives while a request made between a hosted loop's
-    /// passes waits (here a perform block, queued by the server before it answers) wakes only
-    /// the request's private run, which cannot do it: the loop's descriptor stays readable, and
-    /// the host's next pass runs it.
-    @Test(arguments: Road.allCases)
-    func aPerformQueuedDuringARequestBetweenAHostedLoopsPassesWakesTheHost(_ road: Road) throws {
-        let mode: PKRunLoopMode = "request-hosted-perform"
-        let requester = Locked<PKRunLoop?>(nil)
-        let performed = Locked(false)
+    /// passes waits (a perform block, or a signal of a custom source, from the server before
+    /// it answers) wakes only the request's private run, which cannot do it: the loop's
+    /// descriptor stays readable, and the host's next pass does it.
+    @Test(arguments: Road.allCases, HostWork.allCases)
+    func workForTheHostsModeDuringARequestBetweenItsPassesWakesTheHost(_ road: Road, _ work: HostWork) throws {
+        let mode: PKRunLoopMode = "request-hosted-work"
+        let requester = Locked<(PKRunLoop, PKCustomSource)?>(nil)
+        let done = Locked(false)
         let server = try PortServer { port, _ in
             port.handler = { message in
-                requester.value?.perform(inModes: [mode]) { performed.value = true }
+                if let (loop, source) = requester.value {
+                    switch work {
+                    case .perform: loop.perform(inModes: [mode]) { done.value = true }
+                    case .signal: source.signal(waking: loop)
+                    }
+                }
                 try? message.replyPort?.send(PKPortMessage(msgid: message.msgid + 1), timeout: .seconds(5))
             }
         }
         let right = try Self.right(server, road)
         try onPortLoopThread { loop in
-            requester.value = loop
             _ = loop.descriptor
-            let keep = keepAlive(loop, mode)
-            defer { keep.invalidate() }
+            let source = PKCustomSource { done.value = true }
+            loop.add(source, forMode: mode)
+            defer { source.invalidate() }
+            requester.value = (loop, source)
             loop.runOnePass(in: mode)  // the host's first pass
             let reply = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
             #expect(reply?.msgid == 2)
-            try runAsHost(loop, mode, "the perform queued during a request") { performed.value }
+            try runAsHost(loop, mode, "the \(work) that came during a request") { done.value }
         }
-        #expect(performed.value)
+        #expect(done.value)
+        requester.value = nil
         try server.stop()
     }
 
