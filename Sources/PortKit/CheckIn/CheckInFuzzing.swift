@@ -12,7 +12,9 @@
 /// byte 0        bits 0-4: N, the number of script bytes that follow
 ///               bit 5:    generated mode: the rest describes messages to encode (see below)
 ///               bit 6:    once the stream is read, before its end, the check-in deadline
-///                         passes (N even) or the launcher's loop is stopped (N odd)
+///                         passes, or the launcher's loop is stopped: by the parity of the
+///                         script's length (N, or what the input holds if shorter), even
+///                         or odd
 ///               bit 7:    environment mode: the rest is a PORTKIT_WORKER value (UTF-8,
 ///                         repaired); the other bits and the script are ignored
 /// bytes 1...N   the script, used cyclically, one byte per read (as `WireFuzzing`'s):

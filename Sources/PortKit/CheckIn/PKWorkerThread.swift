@@ -74,7 +74,7 @@ public final class PKWorkerThread: @unchecked Sendable {
     ///   calling thread's loop was stopped while it waited; the stop is passed on to the run
     ///   the launch was made in), or `.system` if no thread could be started. A worker whose
     ///   launch failed ends by itself: its check-in fails, or, sent but never read, leaves
-    ///   its port with no sender.
+    ///   its port with no sender (unless `setUp` set the port's `onNoSenders`).
     public init(
         name: String = "PKWorker", mainPort: PKSendPort? = nil,
         checkInTimeout: Duration = PKCheckIn.defaultTimeout,

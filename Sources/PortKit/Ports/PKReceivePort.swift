@@ -40,7 +40,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// Called once on the loop's thread when the port becomes invalid.
     @exclusivity(unchecked) public var onInvalidation: (() -> Void)?
 
-    /// Called on the loop's thread each time the number of connected senders drops to zero.
+    /// Called on the loop's thread each time the number of connected senders drops to zero,
+    /// once every message they sent was delivered, if no sender arrived meanwhile.
     @exclusivity(unchecked) public var onNoSenders: (() -> Void)?
 
     /// The loop the port is scheduled on, once it is.

@@ -449,6 +449,8 @@ public final class PKRunLoop: @unchecked Sendable {
             let hostMode = hostRecord?.mode  // nil: the host never ran, nor armed for a timer
             let parked = hostMode.map { hasParkedSource(in: $0) } ?? !parkedSources.isEmpty
             let deferred = hostMode.map { hasDeferredSource(in: $0) } ?? !deferredSignalled.isEmpty
+            // (`hasQueuedWork` counts a signal not yet taken for any mode: at worst the host
+            // makes one pass for nothing.)
             if parked || deferred || hasQueuedWork(hostMode) { wakeUp() }
         }
         return result

@@ -35,7 +35,7 @@ import Testing
     /// `.interrupted`, long before its deadline, and reaches the run the launch was made in.
     @Test func aStopWhileWaitingForTheCheckInInterruptsTheLaunch() throws {
         struct Abandoned: Error {}
-        let (code, outer) = try onLoopThread { loop in
+        let (code, outer) = try onLoopThread(timeout: patience(.seconds(40))) { loop in
             let keep = keepAlive(loop, .default)
             defer { keep.invalidate() }
             let code = Locked<PKError.Code?>(nil)
@@ -44,7 +44,7 @@ import Testing
                 do throws(PKError) {
                     _ = try PKWorkerThread(name: "stopper", checkInTimeout: patience(.seconds(20))) { _ in
                         loop.stop()
-                        try? waitUntil("the launch to fail", timeout: .seconds(20)) { launchEnded.value }
+                        try? waitUntil("the launch to fail", timeout: patience(.seconds(20))) { launchEnded.value }
                         throw Abandoned()
                     }
                 } catch {
@@ -63,7 +63,7 @@ import Testing
     /// port, scheduled in a mode nobody runs, is invalidated with the message still in its
     /// mailbox) loses, with the message, the only right to its port: it ends by itself.
     @Test func aWorkerWhoseCheckInIsDroppedUnreadEnds() throws {
-        try onLoopThread { loop in
+        try onLoopThread(timeout: patience(.seconds(30))) { loop in
             let listener = PKReceivePort()
             try loop.add(listener, forMode: "worker-unread-check-in")
             let checkInRight = PKSendPort(localRight: LocalRight(port: listener))
@@ -73,7 +73,7 @@ import Testing
                     workerPort.value = context.port
                 }
             }
-            try waitUntil("the check-in to be sent") { listener.shared.withLock { !$0.mailbox.isEmpty } }
+            try waitUntil("the check-in to be sent", timeout: patience(.seconds(10))) { listener.shared.withLock { !$0.mailbox.isEmpty } }
             listener.invalidate()
             let ended = thread.join(until: .after(patience(.seconds(10))))
             if !ended { thread.detach() }

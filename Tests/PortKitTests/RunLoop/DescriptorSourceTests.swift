@@ -360,18 +360,6 @@ extension RunLoopTests.DescriptorSourceTests {
     }
 }
 
-/// A host's event loop: waits in poll(2) for `loop.descriptor` (never longer than 5 s) and
-/// runs one pass each time it is readable, until `done`.
-func runAsHost(_ loop: PKRunLoop, _ mode: PKRunLoopMode, _ what: String, until done: () -> Bool) throws {
-    let deadline = PKDeadline.after(patience(.seconds(10)))
-    while !done() {
-        if deadline.hasPassed { throw TestTimeout(what: what) }
-        guard try pollReadable(loop.descriptor, timeoutMilliseconds: 5_000) else {
-            throw TestTimeout(what: "\(what): the loop's descriptor to become readable")
-        }
-        loop.runOnePass(in: mode)
-    }
-}
 
 extension RunLoopTests.DescriptorSourceTests {
     /// A perform block in the pass's first round (before the custom sources) runs the loop in
@@ -481,15 +469,6 @@ private func onceBeforeWaiting(_ loop: PKRunLoop, _ mode: PKRunLoopMode, _ body:
     return observer
 }
 
-/// Whether `fd` is readable within `timeoutMilliseconds`, by `poll(2)`.
-func pollReadable(_ fd: Int32, timeoutMilliseconds: Int32) throws -> Bool {
-    var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-    while true {
-        let n = poll(&entry, 1, timeoutMilliseconds)
-        if n >= 0 { return n == 1 && entry.revents & Int16(POLLIN) != 0 }
-        if errno != EINTR { throw TestSystemCallFailed(call: "poll", errno: errno) }
-    }
-}
 
 extension RunLoopTests.DescriptorSourceTests {
     /// A nested run of another mode parks (unregisters) a descriptor source of the hosted loop's

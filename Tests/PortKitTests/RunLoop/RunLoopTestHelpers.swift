@@ -1,5 +1,6 @@
 // Helpers for the run-loop tests: pipes to make descriptor sources ready, sources that keep a
-// mode alive, observers that log activities, and a lock for tests that count descriptors.
+// mode alive, observers that log activities, a lock for tests that count descriptors, and a
+// host's event loop for a loop hosted through its descriptor.
 
 import Glibc
 import Testing
@@ -113,3 +114,26 @@ func nanoseconds(from start: PKDeadline, to end: PKDeadline) -> Int64 {
 
 /// The run-loop suites, nested here so that `swift test --filter RunLoop` selects every one.
 @Suite enum RunLoopTests {}
+
+/// A host's event loop: waits in poll(2) for `loop.descriptor` (never longer than 5 s) and
+/// runs one pass each time it is readable, until `done`.
+func runAsHost(_ loop: PKRunLoop, _ mode: PKRunLoopMode, _ what: String, until done: () -> Bool) throws {
+    let deadline = PKDeadline.after(patience(.seconds(10)))
+    while !done() {
+        if deadline.hasPassed { throw TestTimeout(what: what) }
+        guard try pollReadable(loop.descriptor, timeoutMilliseconds: 5_000) else {
+            throw TestTimeout(what: "\(what): the loop's descriptor to become readable")
+        }
+        loop.runOnePass(in: mode)
+    }
+}
+
+/// Whether `fd` is readable within `timeoutMilliseconds`, by `poll(2)`.
+func pollReadable(_ fd: Int32, timeoutMilliseconds: Int32) throws -> Bool {
+    var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+    while true {
+        let n = poll(&entry, 1, timeoutMilliseconds)
+        if n >= 0 { return n == 1 && entry.revents & Int16(POLLIN) != 0 }
+        if errno != EINTR { throw TestSystemCallFailed(call: "poll", errno: errno) }
+    }
+}
