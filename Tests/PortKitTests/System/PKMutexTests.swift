@@ -77,6 +77,9 @@ struct PKMutexTests {
         await exitTestInTurn {
             result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
                 let mutex = PKMutex(0)
+                // Without the check the second lock would wait for ever: SIGALRM ends the child
+                // then, and the missing message fails the test rather than a hang.
+                alarm(30)
                 mutex.withLock { _ in mutex.withLock { _ in } }
                 exit(0)  // reached only if the second lock neither trapped nor hung
             }
