@@ -63,8 +63,7 @@ final class CheckInListener {
             switch loop.runPrivately(in: mode, until: deadline, returnAfterSourceHandled: true) {
             case .timedOut:
                 if action == .wait { action = machine.handle(.deadlinePassed) }
-            case .stopped:
-                loop.stop()  // not ours: pass the stop outward
+            case .stopped:  // passed on to the caller's run by runPrivately
                 if action == .wait { action = machine.handle(.interrupted) }
             case .handledSource, .finished:
                 break

@@ -73,8 +73,7 @@ extension PKSendPort {
         while slot.reply == nil && !slot.remoteDied && !slot.abandoned && slot.channelFailure == nil {
             let result = loop.runPrivately(in: slot.mode, until: deadline, returnAfterSourceHandled: true)
             if result == .timedOut || result == .finished { break }
-            if result == .stopped {  // not ours: pass the stop outward
-                loop.stop()
+            if result == .stopped {  // passed on to the caller's run by runPrivately
                 stopped = true
                 break
             }

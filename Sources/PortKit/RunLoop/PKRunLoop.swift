@@ -433,16 +433,17 @@ public final class PKRunLoop: @unchecked Sendable {
     /// armed for that mode again (an outermost run otherwise stays armed for its own mode,
     /// whose timers no host runs), and work for other modes that woke the private run (a
     /// perform, a signal, a source that became ready), which it could not do, keeps
-    /// `descriptor` readable for the host's next pass. Loop-only.
+    /// `descriptor` readable for the host's next pass. A stop ends the private run and is
+    /// passed on, not consumed: it is not the private run's, and the run the wait was made in
+    /// returns `.stopped` too. Loop-only.
     @discardableResult
     package func runPrivately(
         in mode: PKRunLoopMode, until deadline: PKDeadline, returnAfterSourceHandled: Bool
     ) -> PKRunLoopRunResult {
-        guard currentMode == nil else {
-            return run(in: mode, until: deadline, returnAfterSourceHandled: returnAfterSourceHandled)
-        }
         let hostRecord = armedRecord
         let result = run(in: mode, until: deadline, returnAfterSourceHandled: returnAfterSourceHandled)
+        if result == .stopped { stop() }
+        guard currentMode == nil else { return result }
         // (Hosted may have begun during the run: a handler read `descriptor`.)
         if hosted.load(ordering: .relaxed) {
             armTimer(for: hostRecord)

@@ -48,9 +48,8 @@ extension PKZMQSendPort {
         while waiter.outcome == nil {
             let result = loop.runPrivately(in: mode, until: deadline, returnAfterSourceHandled: true)
             if result == .timedOut || result == .finished { break }
-            if result == .stopped {  // not ours: pass the stop outward
-                loop.stop()
-                if waiter.outcome == nil { throw PKError(.interrupted, "the run loop was stopped while waiting for the reply") }
+            if result == .stopped, waiter.outcome == nil {  // passed on to the caller's run by runPrivately
+                throw PKError(.interrupted, "the run loop was stopped while waiting for the reply")
             }
         }
         return try Self.reply(from: waiter.outcome, receiveTimeout: receiveTimeout)
