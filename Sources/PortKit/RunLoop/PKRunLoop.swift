@@ -70,6 +70,12 @@ public final class PKRunLoop: @unchecked Sendable {
     /// The timerfd, made when the loop first arms a timer (a loop that never has one, such as a
     /// worker's, costs two descriptors and no more system calls than it needs).
     @exclusivity(unchecked) private var timerFD: Int32 = -1
+    /// A second timerfd, for the deadline of a run (see `sleepTimeout(until:)`), made when a
+    /// run with a deadline other than `.distantFuture` first sleeps.
+    @exclusivity(unchecked) private var deadlineFD: Int32 = -1
+    /// When `deadlineFD` fires: the deadline of the run that last armed it (`nil`: disarmed, or
+    /// fired and read).
+    @exclusivity(unchecked) private var armedDeadline: UInt64?
     /// Whether the loop said once that it could not make its epoll descriptor.
     @exclusivity(unchecked) private var reportedNoDescriptors = false
     private static let logger = Logger(label: "PortKit.PKRunLoop")
@@ -143,7 +149,8 @@ public final class PKRunLoop: @unchecked Sendable {
     enum Token {
         static let wake: UInt64 = 0
         static let timer: UInt64 = 1
-        static let firstSource: UInt64 = 2
+        static let deadline: UInt64 = 2
+        static let firstSource: UInt64 = 3
         /// The high bit marks a blocked connection's descriptor (the low 32 bits).
         static let blockedWrite: UInt64 = 1 << 63
     }
@@ -207,6 +214,7 @@ public final class PKRunLoop: @unchecked Sendable {
 
     deinit {
         if timerFD >= 0 { Descriptor.close(timerFD) }
+        if deadlineFD >= 0 { Descriptor.close(deadlineFD) }
         let wake = wakeDescriptor.load(ordering: .acquiring)
         if wake >= 0 { Descriptor.close(wake) }
         let epoll = epollDescriptor.load(ordering: .acquiring)
@@ -382,6 +390,8 @@ public final class PKRunLoop: @unchecked Sendable {
             // mode before it sleeps, and so does the pass a nested run returns to.
             if hosted.load(ordering: .relaxed) {
                 armTimer(for: previous ?? mode)
+                // Nor does a host's descriptor turn readable for a deadline no run waits for.
+                if previous == nil { disarmDeadline() }
             } else if previous == nil, armedRecord !== record {
                 armTimer(for: record)
             }
@@ -479,7 +489,7 @@ public final class PKRunLoop: @unchecked Sendable {
             let pollOnly = handledSource || hasPendingWork(mode)
             armTimer(for: record)
             if !pendingWrites.isEmpty { flushPendingWrites() }
-            var timeout: Int32 = pollOnly ? 0 : deadline.pollTimeoutMilliseconds(now: monotonicNanoseconds())
+            var timeout: Int32 = pollOnly ? 0 : sleepTimeout(until: deadline)
             // A pass that will not sleep (something ready, or the deadline passed) does not say so.
             let sleeps = timeout != 0
             if sleeps {
@@ -538,6 +548,11 @@ public final class PKRunLoop: @unchecked Sendable {
                 case Token.timer:
                     TimerFD.drain(timerFD)
                     armedTimer = nil
+                case Token.deadline:
+                    // A run's deadline (this run's, or an earlier run's that armed it): the end
+                    // of the pass compares this run's deadline with the clock.
+                    TimerFD.drain(deadlineFD)
+                    armedDeadline = nil
                 case let token where token & Token.blockedWrite != 0:
                     retryBlockedWrite(Int32(truncatingIfNeeded: token & 0xFFFF_FFFF))
                 default:
@@ -562,6 +577,53 @@ public final class PKRunLoop: @unchecked Sendable {
             purgeInvalid(record)
             if record.isEmpty { return .finished }
         }
+    }
+
+    /// The epoll timeout of a pass that may sleep until `deadline`: 0 once it has passed, and
+    /// otherwise -1 (no timeout) while `deadlineFD` fires by then. An epoll timeout costs the
+    /// kernel a timer started and cancelled on every sleep (about 0.17 µs each on these
+    /// machines, docs/performance.md), and the guide's loops sleep once a message, each run
+    /// with a deadline a little later than the last: the timerfd is armed only when it would
+    /// fire after `deadline`, so it stays armed at an earlier run's deadline and fires at most
+    /// that early, for one pass more (its end sees that the deadline has not passed, and the
+    /// next pass arms it for this one). Without a timerfd (out of descriptors) the epoll
+    /// timeout bounds the wait.
+    private func sleepTimeout(until deadline: PKDeadline) -> Int32 {
+        if deadline.uptimeNanoseconds == .max { return -1 }  // .distantFuture
+        let now = monotonicNanoseconds()
+        let timeout = deadline.pollTimeoutMilliseconds(now: now)
+        if timeout == 0 { return 0 }
+        if let armed = armedDeadline, armed <= deadline.uptimeNanoseconds { return -1 }
+        guard let fd = deadlineTimer() else { return timeout }
+        TimerFD.set(fd, deadline: deadline.uptimeNanoseconds)
+        armedDeadline = deadline.uptimeNanoseconds
+        return -1
+    }
+
+    /// Disarms `deadlineFD` (an expiry not yet read goes with it).
+    private func disarmDeadline() {
+        guard armedDeadline != nil else { return }
+        armedDeadline = nil
+        TimerFD.set(deadlineFD, deadline: nil)
+    }
+
+    /// The timerfd for runs' deadlines, made and watched on first use; `nil` if it cannot be
+    /// (out of descriptors). Loop-only.
+    func deadlineTimer() -> Int32? {
+        if deadlineFD < 0 { deadlineFD = (try? makeWatchedTimerFD(token: Token.deadline)) ?? -1 }
+        return deadlineFD >= 0 ? deadlineFD : nil
+    }
+
+    /// A new timerfd that epoll watches under `token` (the loop's epoll descriptor is made if
+    /// need be).
+    private func makeWatchedTimerFD(token: UInt64) throws(PKError) -> Int32 {
+        let epoll = try epollFD()
+        let made = try TimerFD.create()
+        do throws(PKError) { try Epoll.add(epoll, made, events: Epoll.readable, token: token) } catch {
+            Descriptor.close(made)
+            throw error
+        }
+        return made
     }
 
     /// Out of descriptors at the loop's first sleep: sleeps at most 10 ms without epoll (a
@@ -712,15 +774,7 @@ public final class PKRunLoop: @unchecked Sendable {
         armedTimer = earliest
         if timerFD < 0 {
             guard earliest != nil else { return }
-            do throws(PKError) {
-                let epoll = try epollFD()
-                let made = try TimerFD.create()
-                do throws(PKError) { try Epoll.add(epoll, made, events: Epoll.readable, token: Token.timer) } catch {
-                    Descriptor.close(made)
-                    throw error
-                }
-                timerFD = made
-            } catch {
+            do throws(PKError) { timerFD = try makeWatchedTimerFD(token: Token.timer) } catch {
                 // Out of descriptors: the timerfd cannot wake the loop now, so the pass's wait
                 // ends by the timer's time instead; the next arming tries again.
                 armedTimer = nil

@@ -16,9 +16,12 @@ func openDescriptorCount() -> Int {
 
 /// A thread that runs `body` and can be joined with a deadline.
 /// Makes `loop`'s own epoll descriptor and eventfd now (a loop makes them when it first sleeps),
-/// so that a test that counts the process's descriptors does not take them for something its
+/// and the timerfd for its runs' deadlines (made when a run with a deadline first sleeps), so that a test that counts the process's descriptors does not take them for something its
 /// work left behind.
-func warmUpLoopDescriptors(_ loop: PKRunLoop) { _ = try? loop.epollFD() }
+func warmUpLoopDescriptors(_ loop: PKRunLoop) {
+    _ = try? loop.epollFD()
+    _ = loop.deadlineTimer()
+}
 
 final class TestThread: @unchecked Sendable {
     private let done = Locked(false)
