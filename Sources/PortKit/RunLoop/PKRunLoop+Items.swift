@@ -235,7 +235,8 @@ extension PKRunLoop {
             slot = descriptorSlots.count
             descriptorSlots.append(source)
         }
-        let generation = nextGeneration & 0xFFFF_FFFF
+        // 31 bits: the high bit of a token marks a blocked write.
+        let generation = nextGeneration & 0x7FFF_FFFF
         nextGeneration += 1
         return generation << 32 | UInt64(slot) + Token.firstSource
     }

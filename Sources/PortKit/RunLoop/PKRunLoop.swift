@@ -1,4 +1,5 @@
-// The run loop: one per thread, on epoll (sources), an eventfd (wake-ups) and a timerfd (timers).
+// The run loop: one per thread, on epoll (sources), an eventfd (wake-ups), a timerfd (timers) and
+// another for runs' deadlines.
 //
 // One pass, as in CFRunLoop and the guide's "event order":
 //
@@ -67,11 +68,12 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Serializes the making of loops' kernel objects (once per loop; `descriptor` may be read
     /// from another thread).
     private static let kernelObjectsMaking = PKMutex(())
-    /// The timerfd, made when the loop first arms a timer (a loop that never has one, such as a
-    /// worker's, costs two descriptors and no more system calls than it needs).
+    /// The timerfd, made when the loop first arms a timer (a loop that never has one and only
+    /// runs until `.distantFuture`, such as a worker's, costs two descriptors and no more system
+    /// calls than it needs).
     @exclusivity(unchecked) private var timerFD: Int32 = -1
     /// A second timerfd, for the deadline of a run (see `sleepTimeout(until:)`), made when a
-    /// run with a deadline other than `.distantFuture` first sleeps.
+    /// run with a deadline other than `.distantFuture` first sleeps on a loop not hosted.
     @exclusivity(unchecked) private var deadlineFD: Int32 = -1
     /// When `deadlineFD` fires: the deadline of the run that last armed it (`nil`: disarmed, or
     /// fired and read).
@@ -106,8 +108,8 @@ public final class PKRunLoop: @unchecked Sendable {
     @exclusivity(unchecked) var commonModes: Set<PKRunLoopMode> = [.default]
     @exclusivity(unchecked) var commonItems = ModeRecord(mode: .common)
     /// Descriptor sources by slot (the low 32 bits of a token, less `Token.firstSource`); the
-    /// high 32 bits are a generation, so an event for a source removed earlier in the same
-    /// batch never reaches a newer source in its slot.
+    /// 31 bits above are a generation, so an event for a source removed earlier in the same
+    /// batch never reaches a newer source in its slot (the top bit marks a blocked write).
     @exclusivity(unchecked) var descriptorSlots: [PKDescriptorSource?] = []
     @exclusivity(unchecked) var freeSlots: [Int] = []
     @exclusivity(unchecked) var nextGeneration: UInt64 = 1
@@ -261,6 +263,8 @@ public final class PKRunLoop: @unchecked Sendable {
         // descriptor, though its edge was never reported (the kernel polls a ready item again).
         EventFD.drain(wake)
         _ = wakePending.exchange(false, ordering: .acquiringAndReleasing)
+        // A deadline armed before the loop was hosted, which no pass would read now.
+        disarmDeadline()
         // Work a consumed wake-up announced for another mode keeps the descriptor readable.
         if hasQueuedWork(nil) { wakeUp() }
     }
@@ -390,7 +394,8 @@ public final class PKRunLoop: @unchecked Sendable {
             // mode before it sleeps, and so does the pass a nested run returns to.
             if hosted.load(ordering: .relaxed) {
                 armTimer(for: previous ?? mode)
-                // Nor does a host's descriptor turn readable for a deadline no run waits for.
+                // Nor does a host's descriptor turn readable for a deadline no run waits for
+                // (armed before the loop became hosted: a hosted loop never arms it).
                 if previous == nil { disarmDeadline() }
             } else if previous == nil, armedRecord !== record {
                 armTimer(for: record)
@@ -511,6 +516,9 @@ public final class PKRunLoop: @unchecked Sendable {
                         timeout = 0
                     } else {
                         armTimer(for: record)  // the timers may have changed
+                        // And the deadline's timerfd: a nested run may have read it, or armed it
+                        // for its own deadline.
+                        timeout = sleepTimeout(until: deadline)
                     }
                     if !pendingWrites.isEmpty { flushPendingWrites() }
                 }
@@ -587,12 +595,13 @@ public final class PKRunLoop: @unchecked Sendable {
     /// fire after `deadline`, so it stays armed at an earlier run's deadline and fires at most
     /// that early, for one pass more (its end sees that the deadline has not passed, and the
     /// next pass arms it for this one). Without a timerfd (out of descriptors) the epoll
-    /// timeout bounds the wait.
+    /// timeout bounds the wait, and so it does on a hosted loop, whose host must not be woken
+    /// by a deadline no run waits for (its requests' waits are not the guide's hot path).
     private func sleepTimeout(until deadline: PKDeadline) -> Int32 {
         if deadline.uptimeNanoseconds == .max { return -1 }  // .distantFuture
         let now = monotonicNanoseconds()
         let timeout = deadline.pollTimeoutMilliseconds(now: now)
-        if timeout == 0 { return 0 }
+        if timeout == 0 || hosted.load(ordering: .relaxed) { return timeout }
         if let armed = armedDeadline, armed <= deadline.uptimeNanoseconds { return -1 }
         guard let fd = deadlineTimer() else { return timeout }
         TimerFD.set(fd, deadline: deadline.uptimeNanoseconds)

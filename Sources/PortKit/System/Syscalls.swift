@@ -144,7 +144,7 @@ enum EventFD {
     }
 }
 
-/// timerfd_create(2) on CLOCK_MONOTONIC: the run loop's one timer.
+/// timerfd_create(2) on CLOCK_MONOTONIC: the run loop's timers, and its runs' deadlines.
 enum TimerFD {
     /// The corresponding system call is `timerfd_create(2)`, non-blocking and close-on-exec.
     static func create() throws(PKError) -> Int32 {

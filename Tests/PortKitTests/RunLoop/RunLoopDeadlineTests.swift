@@ -1,6 +1,7 @@
 // A run's deadline: a timerfd of the loop's bounds the wait (not epoll's timeout), armed only
 // when it would fire too late, so a run may be woken at an earlier run's deadline. It still
-// ends at its own, never before it and never long after it.
+// ends at its own, never before it and never long after it; a hosted loop's host is not woken
+// for a deadline no run waits for.
 
 import Glibc
 import Testing
@@ -11,19 +12,17 @@ extension RunLoopTests {
         /// The first run's deadline stays armed after the run handled its source; the second,
         /// with a later deadline, is woken at the first's, and sleeps again until its own.
         @Test func aRunWokenAtAnEarlierRunsDeadlineSleepsOnUntilItsOwn() throws {
-            let (first, second, early, wakes) = try onLoopThread { loop in
+            let (first, second, early, wakes) = try onLoopThread(timeout: patience(.seconds(30))) { loop in
                 let pipe = try TestPipe()
                 defer { pipe.closeBoth() }
                 let mode: PKRunLoopMode = "deadline-earlier-run"
                 // Ready at once, but only the wait finds it: the run arms its deadline first.
-                let source = PKDescriptorSource(descriptor: pipe.readEnd) { _ in pipe.drain() }
-                try loop.add(source, forMode: mode)
-                pipe.makeReadable()
-                let first = loop.run(in: mode, until: .after(.milliseconds(20)), returnAfterSourceHandled: true)
+                let source = try readySource(on: loop, in: mode, pipe)
+                let first = loop.run(in: mode, until: .after(patience(.milliseconds(50))), returnAfterSourceHandled: true)
                 let wakes = Locked(0)
                 let observer = PKRunLoopObserver(activities: .afterWaiting) { _, _ in wakes.withLock { $0 += 1 } }
                 loop.add(observer, forMode: mode)
-                let deadline = PKDeadline.after(patience(.milliseconds(200)))
+                let deadline = PKDeadline.after(patience(.milliseconds(300)))
                 let second = loop.run(in: mode, until: deadline)
                 let early = !deadline.hasPassed
                 observer.invalidate()
@@ -38,56 +37,141 @@ extension RunLoopTests {
 
         /// The timerfd is armed at a much later deadline (an hour) when a run with a deadline
         /// 50 ms away sleeps: it is armed again, earlier. (If it were not, the run would sleep
-        /// for the hour: another thread stops it after a while, and the run says `.stopped`.)
+        /// for the hour: a watchdog stops it after a while, and the run says `.stopped`.)
         @Test func aRunWithAnEarlierDeadlineThanTheArmedOneEndsAtIt() throws {
-            let loopBox = Locked<PKRunLoop?>(nil)
-            let finished = Locked(false)
-            let watchdog = TestThread(name: "deadline-watchdog") {
-                let limit = PKDeadline.after(patience(.seconds(10)))
-                while !finished.value && !limit.hasPassed { sleepFor(.milliseconds(5)) }
-                if !finished.value { loopBox.value?.stop() }
-            }
-            let (first, second) = try onLoopThread { loop in
-                loopBox.value = loop
+            let (first, second) = try withWatchdog { loop in
                 let pipe = try TestPipe()
                 defer { pipe.closeBoth() }
                 let mode: PKRunLoopMode = "deadline-earlier"
-                let source = PKDescriptorSource(descriptor: pipe.readEnd) { _ in pipe.drain() }
-                try loop.add(source, forMode: mode)
-                pipe.makeReadable()
+                let source = try readySource(on: loop, in: mode, pipe)
                 let first = loop.run(in: mode, until: .after(.seconds(3600)), returnAfterSourceHandled: true)
                 let second = loop.run(in: mode, until: .after(.milliseconds(50)))
-                finished.value = true
                 source.invalidate()
                 return (first, second)
             }
-            try watchdog.join(timeout: patience(.seconds(30)))
             #expect(first == .handledSource)
             #expect(second == .timedOut)
         }
 
-        /// A run that ends before its deadline on a hosted loop disarms the deadline: the host,
-        /// which runs a pass whenever the loop's descriptor is readable, is not woken when that
-        /// deadline passes with no run waiting for it.
+        /// A `beforeWaiting` observer runs the loop in another mode with a shorter deadline:
+        /// that nested run arms the timerfd for its own deadline and reads it when it fires.
+        /// The outer pass arms it again for its own before it sleeps (if it did not, it would
+        /// sleep for ever: a watchdog stops it, and the run says `.stopped`).
+        @Test func aNestedRunThatTookTheDeadlineLeavesTheOuterRunItsOwn() throws {
+            let (outer, inner) = try withWatchdog { loop in
+                let outerMode: PKRunLoopMode = "deadline-outer"
+                let innerMode: PKRunLoopMode = "deadline-inner"
+                let keepers = [keepAlive(loop, outerMode), keepAlive(loop, innerMode)]
+                var inner: PKRunLoopRunResult?
+                let observer = PKRunLoopObserver(activities: .beforeWaiting, repeats: false) { _, _ in
+                    inner = loop.run(in: innerMode, until: .after(.milliseconds(10)))
+                }
+                loop.add(observer, forMode: outerMode)
+                let outer = loop.run(in: outerMode, until: .after(patience(.milliseconds(100))))
+                for keeper in keepers { keeper.invalidate() }
+                return (outer, inner)
+            }
+            #expect(inner == .timedOut)
+            #expect(outer == .timedOut)
+        }
+
+        /// A run that ends before its deadline on a loop that became hosted during it disarms
+        /// the deadline: the host, which runs a pass whenever the loop's descriptor is readable,
+        /// is not woken when that deadline passes with no run waiting for it. (A hosted loop's
+        /// runs never arm it: epoll's timeout bounds their waits.)
         @Test func aHostedLoopsDescriptorStaysQuietWhenAnEndedRunsDeadlinePasses() throws {
-            let (result, readableAfter) = try onLoopThread { loop in
+            let (result, readableAfter) = try onLoopThread(timeout: patience(.seconds(30))) { loop in
                 let pipe = try TestPipe()
                 defer { pipe.closeBoth() }
                 let mode: PKRunLoopMode = "deadline-hosted"
-                let source = PKDescriptorSource(descriptor: pipe.readEnd) { _ in pipe.drain() }
+                // Hosted from the source's handler on: the run armed its deadline before.
+                let source = PKDescriptorSource(descriptor: pipe.readEnd) { _ in
+                    pipe.drain()
+                    _ = loop.descriptor
+                }
                 try loop.add(source, forMode: mode)
-                _ = loop.descriptor  // hosted from now on
                 pipe.makeReadable()
-                let deadline = PKDeadline.after(.milliseconds(50))
+                let deadline = PKDeadline.after(patience(.milliseconds(50)))
                 let result = loop.run(in: mode, until: deadline, returnAfterSourceHandled: true)
-                // Well past the deadline.
-                let wait = Int32(clamping: nanoseconds(from: .now, to: deadline) / 1_000_000 + 200)
-                let readableAfter = try pollReadable(loop.descriptor, timeoutMilliseconds: wait)
+                let readableAfter = try pollReadable(loop.descriptor, timeoutMilliseconds: millisecondsPast(deadline))
                 source.invalidate()
                 return (result, readableAfter)
             }
             #expect(result == .handledSource)
             #expect(!readableAfter, "the host was woken for a deadline no run waits for")
         }
+
+        /// A loop that armed a deadline and then becomes hosted, its mode empty: the host's pass
+        /// returns `.finished` at once, without a wait that would read the timerfd. It disarms
+        /// the deadline, so that the descriptor does not turn readable for good when it passes
+        /// (the host would run passes that do nothing, for ever).
+        @Test func aHostedLoopWithNothingLeftIsNotWokenByADeadlineArmedBeforeIt() throws {
+            let (ran, pass, readableAfter) = try onLoopThread(timeout: patience(.seconds(30))) { loop in
+                let pipe = try TestPipe()
+                defer { pipe.closeBoth() }
+                let mode: PKRunLoopMode = "deadline-hosted-empty"
+                let source = try readySource(on: loop, in: mode, pipe)
+                let deadline = PKDeadline.after(patience(.milliseconds(50)))
+                let ran = loop.run(in: mode, until: deadline, returnAfterSourceHandled: true)
+                source.invalidate()
+                _ = loop.descriptor  // hosted from now on
+                let pass = loop.runOnePass(in: mode)
+                let readableAfter = try pollReadable(loop.descriptor, timeoutMilliseconds: millisecondsPast(deadline))
+                return (ran, pass, readableAfter)
+            }
+            #expect(ran == .handledSource)
+            #expect(pass == .finished)
+            #expect(!readableAfter, "the host was woken for a deadline no run waits for")
+        }
+
+        /// A source registered after 2^31 others on the loop still gets its events: a token's
+        /// generation leaves its top bit, which marks a blocked write, alone. (With a 32-bit
+        /// generation the event went to the blocked-write path, and the run never handled it.)
+        @Test func aSourceWhoseGenerationReachesTwoToTheThirtyFirstIsHandled() throws {
+            let result = try onLoopThread(timeout: patience(.seconds(30))) { loop in
+                let pipe = try TestPipe()
+                defer { pipe.closeBoth() }
+                loop.nextGeneration = 1 << 31
+                let source = try readySource(on: loop, in: "generation", pipe)
+                let result = loop.run(in: "generation", until: .after(patience(.seconds(2))), returnAfterSourceHandled: true)
+                source.invalidate()
+                return result
+            }
+            #expect(result == .handledSource)
+        }
     }
+}
+
+/// Runs `body` on a loop thread; if it is still running after a while (`patience(10 s)`), a
+/// watchdog stops the loop, so that a run that would sleep for ever returns `.stopped`.
+private func withWatchdog<R: Sendable>(_ body: @escaping @Sendable (PKRunLoop) throws -> R) throws -> R {
+    let loopBox = Locked<PKRunLoop?>(nil)
+    let finished = Locked(false)
+    let watchdog = TestThread(name: "deadline-watchdog") {
+        let limit = PKDeadline.after(patience(.seconds(10)))
+        while !finished.value && !limit.hasPassed { sleepFor(.milliseconds(5)) }
+        if !finished.value { loopBox.value?.stop() }
+    }
+    defer { finished.value = true }
+    let result = try onLoopThread(timeout: patience(.seconds(30))) { loop in
+        loopBox.value = loop
+        defer { finished.value = true }
+        return try body(loop)
+    }
+    try watchdog.join(timeout: patience(.seconds(30)))
+    return result
+}
+
+/// A source in `mode` on `pipe`'s read end, which it drains, made readable: the run's wait
+/// reports it at once.
+private func readySource(on loop: PKRunLoop, in mode: PKRunLoopMode, _ pipe: TestPipe) throws -> PKDescriptorSource {
+    let source = PKDescriptorSource(descriptor: pipe.readEnd) { _ in pipe.drain() }
+    try loop.add(source, forMode: mode)
+    pipe.makeReadable()
+    return source
+}
+
+/// Milliseconds from now until 200 ms past `deadline` (at least 200).
+private func millisecondsPast(_ deadline: PKDeadline) -> Int32 {
+    Int32(clamping: max(0, nanoseconds(from: .now, to: deadline)) / 1_000_000 + 200)
 }

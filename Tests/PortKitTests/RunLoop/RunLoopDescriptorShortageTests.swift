@@ -17,7 +17,7 @@ extension RunLoopTests {
                     let thread = TestThread(name: "timer-shortage") {
                         let loop = PKRunLoop.current
                         let mode: PKRunLoopMode = "timer-shortage"
-                        warmUpLoopDescriptors(loop)  // the epoll descriptor and eventfd; no timerfd yet
+                        warmUpLoopDescriptors(loop)  // epoll, eventfd, deadlines' timerfd; no timers' yet
                         let filled = DescriptorTableFiller()
                         // Without the timer bounding the wait, the run sleeps until its deadline
                         // and the timer fires only then.

@@ -79,8 +79,9 @@ extension RunLoopTests {
 
         // MARK: - Descriptors
 
-        /// A thousand threads each make a loop (with a few items, after one pass) and end: every
-        /// loop is released and its epoll, eventfd and timerfd descriptors are closed.
+        /// A thousand threads each make a loop (with a few items, after one pass and a run with a
+        /// deadline) and end: every loop is released and its epoll, eventfd and two timerfd
+        /// descriptors (timers, deadlines) are closed.
         /// Run in a child process (an exit test), so the count is exact: no other test's
         /// descriptors blur it.
         @Test func aThousandLoopsWhoseThreadsEndLeaveNoDescriptorOpen() async {
@@ -101,6 +102,7 @@ extension RunLoopTests {
                                     keepAlive(loop, "short-lived")
                                     loop.scheduleTimer(after: .seconds(60), forMode: "short-lived") { _ in }
                                     loop.runOnePass(in: "short-lived")
+                                    loop.run(in: "short-lived", until: .after(.milliseconds(1)))
                                     latch.set(WeakLoop(loop))
                                 }
                             }

@@ -14,15 +14,16 @@ func openDescriptorCount() -> Int {
     (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? -1
 }
 
-/// A thread that runs `body` and can be joined with a deadline.
 /// Makes `loop`'s own epoll descriptor and eventfd now (a loop makes them when it first sleeps),
-/// and the timerfd for its runs' deadlines (made when a run with a deadline first sleeps), so that a test that counts the process's descriptors does not take them for something its
-/// work left behind.
+/// and the timerfd for its runs' deadlines (made when a run with a deadline first sleeps), so
+/// that a test that counts the process's descriptors does not take them for something its work
+/// left behind.
 func warmUpLoopDescriptors(_ loop: PKRunLoop) {
     _ = try? loop.epollFD()
     _ = loop.deadlineTimer()
 }
 
+/// A thread that runs `body` and can be joined with a deadline.
 final class TestThread: @unchecked Sendable {
     private let done = Locked(false)
     private let thread: Thread
