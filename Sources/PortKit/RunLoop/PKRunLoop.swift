@@ -444,9 +444,9 @@ public final class PKRunLoop: @unchecked Sendable {
 
     /// A run in a mode of PortKit's own (a request's wait for its reply, a check-in's): as
     /// `run(in:until:returnAfterSourceHandled:)`, except that on a hosted loop between two of
-    /// its host's passes it leaves the loop as it found it for the host's mode. The timerfd is
-    /// armed for that mode again (an outermost run otherwise stays armed for its own mode,
-    /// whose timers no host runs), and work for other modes that woke the private run (a
+    /// its host's passes it leaves the loop as it found it for the host's mode. The timers'
+    /// timerfd is armed for that mode again (an outermost run otherwise stays armed for its own
+    /// mode, whose timers no host runs), and work for other modes that woke the private run (a
     /// perform, a signal, a source that became ready), which it could not do, keeps
     /// `descriptor` readable for the host's next pass. A stop ends the private run and is
     /// passed on, not consumed: it is not the private run's, and the run the wait was made in
@@ -589,14 +589,15 @@ public final class PKRunLoop: @unchecked Sendable {
 
     /// The epoll timeout of a pass that may sleep until `deadline`: 0 once it has passed, and
     /// otherwise -1 (no timeout) while `deadlineFD` fires by then. An epoll timeout costs the
-    /// kernel a timer started and cancelled on every sleep (about 0.17 µs each on these
-    /// machines, docs/performance.md), and the guide's loops sleep once a message, each run
-    /// with a deadline a little later than the last: the timerfd is armed only when it would
-    /// fire after `deadline`, so it stays armed at an earlier run's deadline and fires at most
-    /// that early, for one pass more (its end sees that the deadline has not passed, and the
-    /// next pass arms it for this one). Without a timerfd (out of descriptors) the epoll
-    /// timeout bounds the wait, and so it does on a hosted loop, whose host must not be woken
-    /// by a deadline no run waits for (its requests' waits are not the guide's hot path).
+    /// kernel a timer started and cancelled on every sleep (about 0.17 µs each on the machine
+    /// of docs/performance.md's run of `51a6336`; nothing measurable on `cc456c6`'s), and the
+    /// guide's loops sleep once a message, each run with a deadline a little later than the
+    /// last: the timerfd is armed only when it would fire after `deadline`, so it stays armed
+    /// at an earlier run's deadline and fires at most that early, for one pass more (its end
+    /// sees that the deadline has not passed, and the next pass arms it for this one). Without
+    /// a timerfd (out of descriptors) the epoll timeout bounds the wait, and so it does on a
+    /// hosted loop, whose host must not be woken by a deadline no run waits for (its requests'
+    /// waits are not the guide's hot path).
     private func sleepTimeout(until deadline: PKDeadline) -> Int32 {
         if deadline.uptimeNanoseconds == .max { return -1 }  // .distantFuture
         let now = monotonicNanoseconds()

@@ -12,13 +12,17 @@ extension RunLoopTests {
         /// The first run's deadline stays armed after the run handled its source; the second,
         /// with a later deadline, is woken at the first's, and sleeps again until its own.
         @Test func aRunWokenAtAnEarlierRunsDeadlineSleepsOnUntilItsOwn() throws {
-            let (first, second, early, wakes) = try onLoopThread(timeout: patience(.seconds(30))) { loop in
+            let (first, second, early, wakes, firstWaited) = try onLoopThread(timeout: patience(.seconds(30))) { loop in
                 let pipe = try TestPipe()
                 defer { pipe.closeBoth() }
                 let mode: PKRunLoopMode = "deadline-earlier-run"
                 // Ready at once, but only the wait finds it: the run arms its deadline first.
                 let source = try readySource(on: loop, in: mode, pipe)
-                let first = loop.run(in: mode, until: .after(patience(.milliseconds(50))), returnAfterSourceHandled: true)
+                let firstDeadline = PKDeadline.after(patience(.milliseconds(50)))
+                let first = loop.run(in: mode, until: firstDeadline, returnAfterSourceHandled: true)
+                // (A thread held up past the first deadline before the run's wait would see it
+                // and the source in one wake-up: the early wake-up is then not there to count.)
+                let firstWaited = !firstDeadline.hasPassed
                 let wakes = Locked(0)
                 let observer = PKRunLoopObserver(activities: .afterWaiting) { _, _ in wakes.withLock { $0 += 1 } }
                 loop.add(observer, forMode: mode)
@@ -27,12 +31,12 @@ extension RunLoopTests {
                 let early = !deadline.hasPassed
                 observer.invalidate()
                 source.invalidate()
-                return (first, second, early, wakes.value)
+                return (first, second, early, wakes.value, firstWaited)
             }
             #expect(first == .handledSource)
             #expect(second == .timedOut)
             #expect(!early, "the run returned before its deadline")
-            #expect(wakes == 2, "woken at the first run's deadline, then at its own")
+            if firstWaited { #expect(wakes == 2, "woken at the first run's deadline, then at its own") }
         }
 
         /// The timerfd is armed at a much later deadline (an hour) when a run with a deadline
@@ -67,7 +71,7 @@ extension RunLoopTests {
                     inner = loop.run(in: innerMode, until: .after(.milliseconds(10)))
                 }
                 loop.add(observer, forMode: outerMode)
-                let outer = loop.run(in: outerMode, until: .after(patience(.milliseconds(100))))
+                let outer = loop.run(in: outerMode, until: .after(patience(.milliseconds(500))))
                 for keeper in keepers { keeper.invalidate() }
                 return (outer, inner)
             }

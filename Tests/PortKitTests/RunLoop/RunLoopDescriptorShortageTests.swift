@@ -40,6 +40,34 @@ extension RunLoopTests {
             }
         }
 
+        /// A run whose deadline's timerfd cannot be made (no descriptor left) still ends at its
+        /// deadline: epoll's timeout bounds the wait instead. (If nothing did, the run would
+        /// sleep for ever, and the child's thread would not end.) Run in a child process.
+        @Test func aDeadlineTheLoopCannotArmStillEndsTheRun() async {
+            await exitTestInTurn {
+                await #expect(processExitsWith: .success) {
+                    let outcome = Locked<String?>(nil)
+                    let thread = TestThread(name: "deadline-shortage") {
+                        let loop = PKRunLoop.current
+                        let mode: PKRunLoopMode = "deadline-shortage"
+                        let keeper = keepAlive(loop, mode)
+                        _ = try? loop.epollFD()  // epoll and eventfd; no timerfd of either kind
+                        let filled = DescriptorTableFiller()
+                        let deadline = PKDeadline.after(.milliseconds(50))
+                        let result = loop.run(in: mode, until: deadline)
+                        let early = !deadline.hasPassed
+                        filled.release()
+                        keeper.invalidate()
+                        outcome.value = result == .timedOut && !early
+                            ? "ok" : "the run returned \(result)\(early ? " before its deadline" : "")"
+                    }
+                    do { try thread.joinPatiently(timeout: .seconds(60)) } catch { endExitTest("the thread did not end", failures: ["\(error)"]) }
+                    let value = outcome.value ?? "no outcome"
+                    endExitTest(value, failures: value == "ok" ? [] : [value])
+                }
+            }
+        }
+
         /// Run in a child process: it lowers its own descriptor limit and fills it.
         @Test func aLoopOutOfDescriptorsAtItsFirstNeedThrowsOrNapsAndRecovers() async {
             await exitTestInTurn {
