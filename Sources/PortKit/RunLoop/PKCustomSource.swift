@@ -78,7 +78,7 @@ public final class PKCustomSource: @unchecked Sendable {
     /// Safe from any thread; the loop calls `cancel` for each mode on its own thread.
     public func invalidate() {
         guard valid.exchange(false, ordering: .acquiringAndReleasing) else { return }
-        loop?.noteInvalidationWaking()
+        loop?.noteInvalidated(self)
     }
 
     func scheduled(on loop: PKRunLoop, mode: PKRunLoopMode) { scheduleHandler?(loop, mode) }

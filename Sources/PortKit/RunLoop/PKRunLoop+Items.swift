@@ -10,7 +10,7 @@ extension PKRunLoop {
         assertOwner("addCommonMode(_:)")
         precondition(mode != .common, "PKRunLoop.addCommonMode: .common is not a real mode")
         guard commonModes.insert(mode).inserted else { return }
-        for source in commonItems.customSources { insert(source, into: mode) }
+        for source in commonItems.customSources.values { insert(source, into: mode) }
         for timer in commonItems.timers { insert(timer, into: mode) }
         for observer in commonItems.observers { insert(observer, into: mode) }
         for token in commonItems.descriptorTokens {
@@ -44,19 +44,17 @@ extension PKRunLoop {
         guard source.isValid else { return }
         precondition(source.loop == nil || source.loop === self, "PKRunLoop.add: a custom source belongs to one run loop")
         source.loop = self
-        if mode == .common, !commonItems.customSources.contains(where: { $0 === source }) {
-            commonItems.customSources.append(source)
-        }
+        if mode == .common { commonItems.customSources[ObjectIdentifier(source)] = source }
         forEachResolved(mode) { m in insert(source, into: m) }
     }
 
     /// Removes a custom source from `mode`; its `cancel` routine runs now. Loop-only.
     public func remove(_ source: PKCustomSource, forMode mode: PKRunLoopMode) {
         assertOwner("remove(_:forMode:)")
-        if mode == .common { commonItems.customSources.removeAll { $0 === source } }
+        let key = ObjectIdentifier(source)
+        if mode == .common { commonItems.customSources[key] = nil }
         forEachResolved(mode) { m in
-            guard let items = record(m), let index = items.customSources.firstIndex(where: { $0 === source }) else { return }
-            items.customSources.remove(at: index)
+            guard let items = record(m), items.customSources.removeValue(forKey: key) != nil else { return }
             source.modes.removeAll { $0 == m }
             source.cancelled(on: self, mode: m)
         }
@@ -65,14 +63,14 @@ extension PKRunLoop {
     /// Whether `mode` contains `source`. Loop-only.
     public func contains(_ source: PKCustomSource, inMode mode: PKRunLoopMode) -> Bool {
         assertOwner("contains(_:inMode:)")
-        return record(mode)?.customSources.contains { $0 === source } ?? false
+        return record(mode)?.customSources[ObjectIdentifier(source)] != nil
     }
 
     private func insert(_ source: PKCustomSource, into mode: PKRunLoopMode) {
         let items = recordMaking(mode)
-        guard !items.customSources.contains(where: { $0 === source }) else { return }
-        let index = items.customSources.firstIndex { $0.order > source.order } ?? items.customSources.endIndex
-        items.customSources.insert(source, at: index)
+        let key = ObjectIdentifier(source)
+        guard items.customSources[key] == nil else { return }
+        items.customSources[key] = source
         source.modes.append(mode)
         if source.isSignalled { noteSignalled(source) }
         source.scheduled(on: self, mode: mode)
@@ -304,30 +302,38 @@ extension PKRunLoop {
 
     // MARK: - Emptiness
 
-    /// Drops invalidated sources, timers and observers from `mode`, calling `cancel` routines.
+    /// Drops invalidated timers and observers from `mode`, and invalidated custom sources
+    /// from every mode, calling their `cancel` routines.
     func purgeInvalid(_ items: ModeRecord) {
         // Only when something may have been invalidated since this mode's last purge.
         let count = invalidationCount
         guard items.purgedAt != count else { return }
         items.purgedAt = count
-        var cancelled: [PKCustomSource] = []
-        items.customSources.removeAll { source in
-            if source.isValid { return false }
-            cancelled.append(source)
-            return true
-        }
+        removeInvalidatedSources()
         items.timers.removeAll { !$0.isValid }
         items.observers.removeAll { !$0.isValid }
         items.observersChanged()
-        if !cancelled.isEmpty {
-            commonItems.customSources.removeAll { !$0.isValid }
-            for source in cancelled {
-                source.modes.removeAll { $0 == items.mode }
-                source.cancelled(on: self, mode: items.mode)
-            }
-        }
         commonItems.timers.removeAll { !$0.isValid }
         commonItems.observers.removeAll { !$0.isValid }
+    }
+
+    /// Removes the custom sources invalidated since the last purge from all their modes at
+    /// once, as `CFRunLoopSourceInvalidate` does, in their order: each source's own modes, not
+    /// a scan of every mode's sources (a loop has one per port, and a one-shot timer's end
+    /// purges too).
+    private func removeInvalidatedSources() {
+        var invalidated = takeInvalidatedSources()
+        guard !invalidated.isEmpty else { return }
+        if invalidated.count > 1 { sortByOrder(&invalidated) }
+        for source in invalidated {
+            let key = ObjectIdentifier(source)
+            commonItems.customSources[key] = nil
+            let modes = source.modes
+            source.modes = []
+            for mode in modes where record(mode)?.customSources.removeValue(forKey: key) != nil {
+                source.cancelled(on: self, mode: mode)
+            }
+        }
     }
 
     /// Whether `mode` has nothing that could end a wait: no sources and no timers.

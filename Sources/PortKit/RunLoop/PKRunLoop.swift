@@ -98,6 +98,9 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Custom sources signalled since the loop last looked, in the order they were signalled:
     /// a pass performs these, never scanning the mode's other sources.
     private let signalledQueue = PKMutex<[PKCustomSource]>([])
+    /// Custom sources invalidated since the last purge: a purge removes these from their
+    /// modes, never scanning a mode's other sources (a loop has one per port).
+    private let invalidatedSources = PKMutex<[PKCustomSource]>([])
 
     // Loop-only state. `@exclusivity(unchecked)`: only the loop's thread touches it (every
     // entry point asserts the owner), and the dynamic exclusivity checks it would otherwise
@@ -161,7 +164,8 @@ public final class PKRunLoop: @unchecked Sendable {
     /// step of a pass reaches the items without hashing the mode's name.
     final class ModeRecord {
         let mode: PKRunLoopMode
-        @exclusivity(unchecked) var customSources: [PKCustomSource] = []
+        /// Keyed by identity: adding, finding and removing one of a loop's thousands is O(1).
+        @exclusivity(unchecked) var customSources: [ObjectIdentifier: PKCustomSource] = [:]
         @exclusivity(unchecked) var descriptorTokens: Set<UInt64> = []
         @exclusivity(unchecked) var timers: [PKTimer] = []
         @exclusivity(unchecked) var observers: [PKRunLoopObserver] = []
@@ -299,6 +303,21 @@ public final class PKRunLoop: @unchecked Sendable {
 
     /// Notes that an item of this loop was invalidated. Safe from any thread.
     func noteInvalidation() { invalidations.add(1, ordering: .releasing) }
+
+    /// Notes that `source`, one of this loop's, was invalidated: the next purge removes it
+    /// from its modes (see `noteInvalidationWaking`). Safe from any thread.
+    func noteInvalidated(_ source: PKCustomSource) {
+        // Queued before it is counted: a purge that sees the count finds the source.
+        invalidatedSources.withLock { $0.append(source) }
+        noteInvalidationWaking()
+    }
+
+    /// Takes the custom sources invalidated since the last call. Loop-only.
+    func takeInvalidatedSources() -> [PKCustomSource] {
+        var taken: [PKCustomSource] = []
+        invalidatedSources.withLock { swap(&$0, &taken) }
+        return taken
+    }
 
     /// Notes that a timer or custom source of this loop was invalidated, and wakes the loop so
     /// that a run whose mode it leaves empty ends. On the loop's own thread there is no one to
@@ -727,7 +746,7 @@ public final class PKRunLoop: @unchecked Sendable {
             candidates.removeAllKeepingStorage()
             spareSignalled = candidates
         }
-        if candidates.count > 1 { orderCandidates(&candidates) }
+        if candidates.count > 1 { sortByOrder(&candidates) }
         var handled = false
         for source in candidates where source.isSignalled && source.isValid {
             // Checked now, not when taken: an earlier callback may have removed it from the mode.
@@ -740,8 +759,8 @@ public final class PKRunLoop: @unchecked Sendable {
         return handled
     }
 
-    /// Sorts signalled sources by order (stable), each once.
-    private func orderCandidates(_ candidates: inout [PKCustomSource]) {
+    /// Sorts sources by order (stable), each once.
+    func sortByOrder(_ candidates: inout [PKCustomSource]) {
         var seen = Set<ObjectIdentifier>()
         candidates = candidates.enumerated()
             .filter { seen.insert(ObjectIdentifier($0.element)).inserted }
@@ -930,7 +949,7 @@ public final class PKRunLoop: @unchecked Sendable {
         flushPendingWritesFinally()
         ended.store(true, ordering: .releasing)
         for record in Array(modeItems.values) {
-            for source in record.customSources { source.invalidate() }
+            for source in record.customSources.values { source.invalidate() }
             for timer in record.timers { timer.invalidate() }
             for observer in record.observers { observer.invalidate() }
             purgeInvalid(record)

@@ -183,6 +183,33 @@ extension RunLoopTests {
             #expect(!valid)
         }
 
+        /// As `CFRunLoopSourceInvalidate`: an invalidated source leaves every mode it is in at the
+        /// loop's next purge, not only the mode that runs, with a cancel for each; sources
+        /// invalidated together are cancelled in their order.
+        @Test func anInvalidatedSourceLeavesAllItsModesAtOnce() throws {
+            let one: PKRunLoopMode = "cs-invalidate-all-1"
+            let two: PKRunLoopMode = "cs-invalidate-all-2"
+            let common: PKRunLoopMode = "cs-invalidate-all-common"
+            let (log, stillIn) = try onLoopThread { loop in
+                let log = Locked<[String]>([])
+                loop.addCommonMode(common)
+                let source = PKCustomSource(order: 1, cancel: { _, mode in log.append("cancel \(mode)") }) {}
+                let earlier = PKCustomSource(order: 0, cancel: { _, mode in log.append("earlier cancel \(mode)") }) {}
+                for mode in [one, two, .common] { loop.add(source, forMode: mode) }
+                loop.add(earlier, forMode: one)
+                keepAlive(loop, one)
+                source.invalidate()
+                earlier.invalidate()
+                loop.run(in: one, until: .after(.milliseconds(20)))
+                let stillIn = [one, two, common, .default].filter { loop.contains(source, inMode: $0) }
+                return (log.value, stillIn)
+            }
+            #expect(log.first == "earlier cancel \(one)")
+            #expect(log.count == 5)
+            #expect(Set(log.dropFirst()) == Set([one, two, common, .default].map { "cancel \($0)" }))
+            #expect(stillIn.isEmpty)
+        }
+
         @Test func anInvalidatedSourceCannotBeAddedOrPerformed() throws {
             let (scheduled, performed, result) = try onLoopThread { loop in
                 var scheduled = false
