@@ -99,8 +99,10 @@ public final class PKRunLoop: @unchecked Sendable {
     /// a pass performs these, never scanning the mode's other sources.
     private let signalledQueue = PKMutex<[PKCustomSource]>([])
     /// Custom sources invalidated since the last purge: a purge removes these from their
-    /// modes, never scanning a mode's other sources (a loop has one per port).
-    private let invalidatedSources = PKMutex<[PKCustomSource]>([])
+    /// modes, never scanning a mode's other sources (a loop has one per port). Nil once the
+    /// loop's thread has ended: no purge would take them, and a source whose closure holds the
+    /// loop would keep both alive.
+    private let invalidatedSources = PKMutex<[PKCustomSource]?>([])
 
     // Loop-only state. `@exclusivity(unchecked)`: only the loop's thread touches it (every
     // entry point asserts the owner), and the dynamic exclusivity checks it would otherwise
@@ -308,15 +310,17 @@ public final class PKRunLoop: @unchecked Sendable {
     /// from its modes (see `noteInvalidationWaking`). Safe from any thread.
     func noteInvalidated(_ source: PKCustomSource) {
         // Queued before it is counted: a purge that sees the count finds the source.
-        invalidatedSources.withLock { $0.append(source) }
+        invalidatedSources.withLock { $0?.append(source) }
         noteInvalidationWaking()
     }
 
     /// Takes the custom sources invalidated since the last call. Loop-only.
     func takeInvalidatedSources() -> [PKCustomSource] {
-        var taken: [PKCustomSource] = []
-        invalidatedSources.withLock { swap(&$0, &taken) }
-        return taken
+        invalidatedSources.withLock { queue in
+            guard let taken = queue, !taken.isEmpty else { return [] }
+            queue = []
+            return taken
+        }
     }
 
     /// Notes that a timer or custom source of this loop was invalidated, and wakes the loop so
@@ -954,6 +958,7 @@ public final class PKRunLoop: @unchecked Sendable {
             for observer in record.observers { observer.invalidate() }
             purgeInvalid(record)
         }
+        invalidatedSources.withLock { $0 = nil }
         for case let source? in descriptorSlots { removeDescriptorSourceEverywhere(source) }
         modeItems = [:]
         lastRecord = nil

@@ -224,6 +224,27 @@ extension RunLoopTests {
             #expect(!ended.observer.isValid)
         }
 
+        /// A custom source invalidated after its loop's thread ended is not kept by the loop
+        /// (no purge will take it): a source whose closure holds its loop would keep both alive.
+        @Test func aSourceInvalidatedAfterItsLoopsThreadEndedIsReleased() throws {
+            let handOff = Locked<PKCustomSource?>(nil)
+            let weakLoop = Locked<WeakLoop?>(nil)
+            let thread = TestThread(name: "ending-loop-thread") {
+                let loop = PKRunLoop.current
+                let source = PKCustomSource { _ = loop }  // its closure holds the loop
+                loop.add(source, forMode: "thread-end-late")
+                loop.remove(source, forMode: "thread-end-late")  // in no mode: the end leaves it valid
+                handOff.value = source
+                weakLoop.value = WeakLoop(loop)
+            }
+            try thread.join()
+            handOff.withLock { source in
+                source?.invalidate()
+                source = nil
+            }
+            try waitUntil("the loop released") { weakLoop.value?.loop == nil }
+        }
+
         // MARK: - Sleeping
 
         /// No periodic wake-up: a run with nothing to do (one timer a minute away) sleeps once for
