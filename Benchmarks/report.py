@@ -136,7 +136,7 @@ def main():
             pk = data.get((pw, pi, placement))
             base = data.get((bw, bi, placement))
             label = BASELINE_LABEL.get(bi, "PortKit " + {"rt.threads": "round trip, threads", "rt.processes": "round trip, processes",
-                                                          "lookup": "lookup, 1 name registered"}.get(bw, bw))
+                                                          "lookup": "lookup, 1 name in each of the same owners"}.get(bw, bw))
             if pk is None and (pw, pi, placement) not in expected:
                 continue  # filtered out of this run
             fmt = fmt_latency if kind == "latency" else fmt_rate

@@ -97,9 +97,11 @@ public func catalogue(short: Bool = isShortMode, filtered: Bool = true) -> [Work
         add("spawn", "portkit", p, spawn) { try PortKitSpawn(p) }
         add("spawn", "pthread+byte", p, spawn) { try CThreadSpawn(p) }
 
-        // Name lookup: 10,000 names registered against one.
-        add("lookup", "portkit-10000", p, lookup) { try PortKitNameLookup(p, names: manyNames) }
-        add("lookup", "portkit-1", p, lookup) { try PortKitNameLookup(p, names: 1) }
+        // Name lookup: 10,000 names registered against one in each of the same owner
+        // processes (see PortKitNameLookup).
+        let owners = PortKitNameLookup.owners(for: manyNames)
+        add("lookup", "portkit-10000", p, lookup) { try PortKitNameLookup(p, names: manyNames, owners: owners) }
+        add("lookup", "portkit-1", p, lookup) { try PortKitNameLookup(p, names: owners, owners: owners) }
     }
     let filter = filtered ? workloadFilter : nil
     return specs.filter { matches($0.name, filter) }

@@ -6,31 +6,45 @@ import Glibc
 import PortKit
 
 /// `lookUp` of a registered name (and dropping the right), with `count` names registered in the
-/// directory by helper processes (at most 5,000 each: a name holds two descriptors and the
-/// descriptor limit here is 20,000). The owners run on the second CPU of `placement`.
+/// directory by `ownerCount` helper processes, the names split evenly between them (at most
+/// `namesPerOwner` each). The owners run on the second CPU of `placement`.
+///
+/// The lookups walk `lookupSlots` slots with a stride, the slots split between the owners as
+/// evenly as the names: a slot is looked up as a name of the owner its share falls to. So
+/// rows with the same owners wake them in the same order, whatever their names: the 10,000
+/// names' row and its baseline, one name in each of the same owners, differ only by the
+/// names. (Which owner a lookup wakes moves the figure by itself: with 9,000 names in one
+/// owner a lookup took 1.5 x one name's; in two owners, 2.2 x. docs/performance.md.)
 public final class PortKitNameLookup: Workload {
     private let driver: PinnedDriver
     private let owners: [Int32]
     private let directory: String
 
+    /// A name holds two descriptors (its socket and its lock) and the descriptor limit here is
+    /// 20,000, which a process cannot raise.
     public static let namesPerOwner = 5_000
+    /// The slots the lookups walk (see above).
+    static let lookupSlots = 10_000
 
-    public init(_ placement: Placement, names count: Int) throws {
+    /// The owner processes `count` names need.
+    public static func owners(for count: Int) -> Int { (count + namesPerOwner - 1) / namesPerOwner }
+
+    public init(_ placement: Placement, names count: Int, owners ownerCount: Int) throws {
+        precondition(ownerCount >= 1 && count >= ownerCount && count <= ownerCount * Self.namesPerOwner)
         let directory = try makeScratchDirectory("pkbench-names")
         self.directory = directory
         var owners: [Int32] = []
-        var start = 0
-        var index = 0
-        while start < count {
-            let chunk = min(Self.namesPerOwner, count - start)
+        // Owner k holds the names firstName[k] ..< firstName[k + 1].
+        let firstName = (0...ownerCount).map { $0 * count / ownerCount }
+        for index in 0..<ownerCount {
+            let start = firstName[index]
+            let chunk = firstName[index + 1] - start
             var argv: [UnsafeMutablePointer<CChar>?] = [helperExecutable, "names", directory, "\(start)", "\(chunk)", "\(index)", "\(placement.cpus.second)"].map { (text: String) in strdup(text) }
             argv.append(nil)
             let pid = cb_spawn_process(helperExecutable, argv)
             for pointer in argv { free(pointer) }
             guard pid > 0 else { throw BenchError("could not spawn a name owner") }
             owners.append(pid)
-            start += chunk
-            index += 1
         }
         self.owners = owners
         let server = PKNameServer(directory: directory)
@@ -42,7 +56,13 @@ public final class PortKitNameLookup: Workload {
             removeScratchDirectory(directory)
             throw BenchError("the name owners did not get ready: \(error)")
         }
-        let names = (0..<count).map { "n\($0)" }
+        // Slot s falls to owner s * ownerCount / lookupSlots, and names that owner's name
+        // number s % (its names).
+        let names = (0..<Self.lookupSlots).map { slot in
+            let owner = slot * ownerCount / Self.lookupSlots
+            let held = firstName[owner + 1] - firstName[owner]
+            return "n\(firstName[owner] + slot % held)"
+        }
         do {
             driver = try PinnedDriver(cpu: placement.cpus.first) {
                 var next = 0

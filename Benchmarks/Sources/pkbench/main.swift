@@ -113,8 +113,11 @@ case "rt":
         case "portkit-stream64-threads": workload = try PortKitPair(.thread, .stream, placement)
         case "portkit-stream64-processes": workload = try PortKitPair(.namedProcess, .stream, placement)
         case "portkit-spawn": workload = try PortKitSpawn(placement)
-        case "portkit-lookup-1": workload = try PortKitNameLookup(placement, names: 1)
-        case "portkit-lookup-10000": workload = try PortKitNameLookup(placement, names: 10_000)
+        case "portkit-lookup-1":
+            let owners = PortKitNameLookup.owners(for: 10_000)
+            workload = try PortKitNameLookup(placement, names: owners, owners: owners)
+        case "portkit-lookup-10000":
+            workload = try PortKitNameLookup(placement, names: 10_000, owners: PortKitNameLookup.owners(for: 10_000))
         #if ZeroMQ
         case "portkit-zmq-stream64": workload = try PortKitZMQPair(.ipc, .stream, placement)
         case "zmq-stream64": workload = try ZMQStream(.ipc, placement, size: 64)
