@@ -105,6 +105,11 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     @exclusivity(unchecked) private var invalidationHooks: [() -> Void] = []
     /// Drops accepted connections that did not greet in time.
     @exclusivity(unchecked) private var greetingTimer: PKTimer?
+    /// The accepted connections that have not greeted yet, at most `limits.maxPendingGreetings`,
+    /// oldest first (so earliest deadline first: the timeout is the port's): what an accept and
+    /// the greeting timer look at, never the port's other connections (a port with thousands
+    /// of senders and one silent peer scanned all of them at every event).
+    @exclusivity(unchecked) private var awaitingGreeting: [ReceiveConnection] = []
     @exclusivity(unchecked) private var isDelivering = false
     /// A sender left during a delivery: look for no-senders once it ends.
     @exclusivity(unchecked) private var noSendersCheckPending = false
@@ -309,6 +314,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         mailboxDeferred = false
         let closing = connections.values
         connections = [:]
+        awaitingGreeting = []
         for connection in ready { connection.isListedReady = false }
         ready.removeAll()
         for connection in closing { connection.close() }
@@ -380,11 +386,11 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// that has waited longest to make room.
     func adoptAccepted(_ fd: Int32) {
         guard let loop = runLoop, isValid else { Descriptor.close(fd); return }
-        let waiting = connections.values.filter { $0.greetingDeadline != nil }
-        if waiting.count >= limits.maxPendingGreetings, let oldest = waiting.min(by: { $0.greetingDeadline! < $1.greetingDeadline! }) {
+        let waiting = awaitingGreeting.count
+        if waiting >= limits.maxPendingGreetings, let oldest = awaitingGreeting.first {
             // Evict the connection that has waited longest without greeting: a real client
             // greets at once (its greeting is already in the socket), a silent one never does.
-            Self.logger.notice("dropping a connection that has not greeted: \(waiting.count) are waiting, the limit is \(limits.maxPendingGreetings)")
+            Self.logger.notice("dropping a connection that has not greeted: \(waiting) are waiting, the limit is \(limits.maxPendingGreetings)")
             drop(oldest)
         }
         guard let connection = adopt(fd, on: loop, accepted: true) else { return }
@@ -394,14 +400,22 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             return
         }
         connection.greetingDeadline = .after(limits.greetingTimeout)
+        connection.isListedAwaitingGreeting = true
+        awaitingGreeting.append(connection)
         // A real client wrote its greeting before we accepted: read it now, so that a burst of
         // connections accepted in one pass never counts real clients as silent ones.
         handle(.readable, on: connection, loop: loop)
-        if connection.greetingDeadline != nil, connections[ObjectIdentifier(connection)] != nil { armGreetingTimer(loop) }
+        if connection.isListedAwaitingGreeting { armGreetingTimer(loop) }
+    }
+
+    /// Takes `connection` off `awaitingGreeting` (it greeted, or it goes). Loop-only.
+    private func unlistAwaitingGreeting(_ connection: ReceiveConnection) {
+        connection.isListedAwaitingGreeting = false
+        awaitingGreeting.removeAll { $0 === connection }
     }
 
     private func armGreetingTimer(_ loop: PKRunLoop) {
-        let earliest = connections.values.compactMap(\.greetingDeadline).min()
+        let earliest = awaitingGreeting.first?.greetingDeadline
         guard let earliest else {
             greetingTimer?.invalidate()
             greetingTimer = nil
@@ -418,7 +432,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
 
     private func dropSilentConnections() {
         greetingTimer = nil
-        for connection in Array(connections.values) {
+        for connection in awaitingGreeting {
             if let deadline = connection.greetingDeadline, deadline.hasPassed {
                 Self.logger.notice("dropping a connection that did not greet within \(limits.greetingTimeout)")
                 drop(connection)
@@ -564,6 +578,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         greetingTimer = nil
         let closing = connections.values
         connections = [:]
+        awaitingGreeting = []
         for connection in ready { connection.isListedReady = false }
         ready.removeAll()
         for connection in closing { connection.close() }
@@ -630,11 +645,11 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             // Frames that arrived before the error are still delivered, then the connection goes.
             Self.logger.notice("closing a connection that broke the protocol: \(error)")
         }
-        // The timer first: `runLoop` takes the port's lock and retains the loop, whose weak
-        // references make that retain and its release slow ones (about eight locked
-        // instructions an event in all, for a check that is false once every connection has
-        // greeted). `loop` is the port's loop.
-        if greetingTimer != nil, connection.hasGreeting, connection.greetingDeadline == nil {
+        // A connection that has just greeted leaves the list, and the timer follows the others.
+        // `loop` is the port's loop (`runLoop` takes the port's lock and retains the loop,
+        // whose weak references make that retain and its release slow ones).
+        if connection.isListedAwaitingGreeting, connection.greetingDeadline == nil {
+            unlistAwaitingGreeting(connection)
             armGreetingTimer(loop)
         }
         if !connection.failed { adoptAttachedSenders(connection) }
@@ -733,6 +748,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
 
     private func drop(_ connection: ReceiveConnection) {
         guard connections.removeValue(forKey: ObjectIdentifier(connection)) != nil else { return }
+        if connection.isListedAwaitingGreeting { unlistAwaitingGreeting(connection) }
         connection.close()
         checkNoSenders()
     }

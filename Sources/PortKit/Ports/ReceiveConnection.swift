@@ -76,6 +76,8 @@ final class ReceiveConnection {
     let accepted: Bool
     /// When an accepted connection must have greeted by.
     @exclusivity(unchecked) var greetingDeadline: PKDeadline?
+    /// On its port's list of connections awaiting their greeting. Loop-only, the port's.
+    @exclusivity(unchecked) var isListedAwaitingGreeting = false
     /// The kernel's view of the peer (accepted connections only).
     @exclusivity(unchecked) var peer: (pid: Int32, uid: UInt32, gid: UInt32)?
     @exclusivity(unchecked) var readingPaused = false

@@ -189,4 +189,42 @@ final class TemporaryNameDirectory: Sendable {
         #expect(outcome.silentClosed.allSatisfy { $0 }, "silent connections are dropped at the greeting timeout")
         #expect(outcome.got == [5], "a real client is still served")
     }
+
+    /// A connection accepted before its greeting arrived, which then greets, no longer holds a
+    /// pending slot: later silent connections fill the slots and evict one another, and the
+    /// greeting timeout drops them, never it.
+    @Test func aClientThatGreetsLateLeavesThePendingSlots() throws {
+        let dir = TemporaryNameDirectory()
+        let outcome = try onLoopThread { loop -> (lateOpen: Bool, evicted: [Bool], silentClosed: [Bool]) in
+            var limits = PKPortLimits()
+            limits.greetingTimeout = patience(.seconds(2))
+            limits.maxPendingGreetings = 2
+            let port = PKReceivePort(limits: limits)
+            try loop.add(port, forMode: .default)
+            try dir.server.register(port, name: "late")
+            let path = dir.path + "/late.sock"
+            func connect() throws -> Int32 {
+                guard case .success(let fd) = Socket.connect(to: path) else { throw PeerError(description: "connect failed") }
+                loop.run(in: .default, for: .milliseconds(10))  // accepted, its greeting not there
+                return fd
+            }
+            let late = try connect()
+            try ConnectionSetup.writeGreeting(late)
+            loop.run(in: .default, for: .milliseconds(10))
+            // Two slots: the second silent one fits, the third evicts the first.
+            let silent = try (0..<3).map { _ in try connect() }
+            let evicted = silent.map { Socket.peerHasHungUp($0) }
+            let deadline = PKDeadline.after(patience(.seconds(20)))
+            while !silent.allSatisfy({ Socket.peerHasHungUp($0) }) && !deadline.hasPassed {
+                loop.run(in: .default, for: .milliseconds(20))
+            }
+            let outcome = (!Socket.peerHasHungUp(late), evicted, silent.map { Socket.peerHasHungUp($0) })
+            for fd in silent + [late] { Descriptor.close(fd) }
+            port.invalidate()
+            return outcome
+        }
+        #expect(outcome.evicted == [true, false, false], "only the oldest silent connection is evicted")
+        #expect(outcome.silentClosed == [true, true, true], "the greeting timeout drops the silent ones")
+        #expect(outcome.lateOpen, "the client that greeted late is kept")
+    }
 }
