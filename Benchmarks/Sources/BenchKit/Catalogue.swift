@@ -66,6 +66,9 @@ public func catalogue(short: Bool = isShortMode, filtered: Bool = true) -> [Work
         // Round trip, process to process.
         add("rt.processes", "portkit", p, rt) { try PortKitPair(.process, .roundTrip, p) }
         add("rt.processes", "unix-socket", p, rt) { try CUnixSocketRoundTrip(p) }
+        // The same with 1,000 more senders connected to the main side's port, and one
+        // connection that never greets.
+        add("rt.processes.crowd", "portkit", p, rt) { try PortKitPair(.process, .roundTrip, p, crowd: 1000) }
         #if ZeroMQ
         add("rt.processes", "zmq-ipc", p, rt) { try ZMQRoundTrip(.ipc, p) }
         add("rt.processes", "zmq-tcp", p, rt) { try ZMQRoundTrip(.tcp, p) }
@@ -134,7 +137,7 @@ public func comparisons(_ specs: [WorkloadSpec] = catalogue(filtered: false)) ->
         var baselines: [String] = specs.filter { $0.workload == spec.workload && $0.placement == spec.placement && !$0.impl.hasPrefix("portkit") }.map(\.name)
         switch spec.workload {
         case "request.threads", "rt.threads.idle1000": baselines.append("rt.threads|portkit|\(p)")
-        case "request.processes": baselines.append("rt.processes|portkit|\(p)")
+        case "request.processes", "rt.processes.crowd": baselines.append("rt.processes|portkit|\(p)")
         case "lookup": baselines.append("lookup|portkit-1|\(p)")
         default: break
         }

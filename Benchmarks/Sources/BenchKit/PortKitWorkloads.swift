@@ -104,6 +104,66 @@ public func makeIdlePorts(_ count: Int, on loop: PKRunLoop) throws -> IdlePorts 
     return idle
 }
 
+/// Senders connected to a port by name, and one connection that never greets: a server's
+/// crowd of clients with one hostile peer among them. The port waits an hour for a greeting,
+/// so the silent one stays for the whole measurement.
+public final class Crowd {
+    private let directory: String
+    private var rights: [PKSendPort] = []
+    private var silent: Int32 = -1
+
+    /// Limits for a port that gets a crowd: a greeting waited for an hour.
+    public static var limits: PKPortLimits {
+        var limits = PKPortLimits.default
+        limits.greetingTimeout = .seconds(3600)
+        return limits
+    }
+
+    /// Connects `count` senders and one silent connection to `port`, which runs on `loop`
+    /// (this thread's), and runs the loop until it has accepted them.
+    public init(of count: Int, at port: PKReceivePort, on loop: PKRunLoop) throws {
+        directory = try makeScratchDirectory("pkbench-crowd")
+        do {
+            let names = PKNameServer(directory: directory)
+            try names.register(port, name: "crowd")
+            rights.reserveCapacity(count)
+            while rights.count < count {
+                if let right = try Self.lookUpUnlessBusy(names) {
+                    rights.append(right)
+                } else {
+                    // The backlog is full: let the loop accept.
+                    loop.run(in: .default, until: .after(.milliseconds(5)))
+                }
+            }
+            silent = cb_connect_unix("\(directory)/crowd.sock")
+            guard silent >= 0 else { throw BenchError("crowd: the silent connection failed") }
+            // Accept what is still in the backlog (the greetings come with it).
+            loop.run(in: .default, until: .after(.milliseconds(200)))
+        } catch {
+            close()
+            throw error
+        }
+    }
+
+    /// A right to "crowd", or nil while its backlog is full.
+    private static func lookUpUnlessBusy(_ names: PKNameServer) throws(PKError) -> PKSendPort? {
+        do {
+            return try names.lookUp("crowd")
+        } catch {
+            if error.code == .nameNotFound { return nil }
+            throw error
+        }
+    }
+
+    public func close() {
+        if silent >= 0 { Glibc.close(silent) }
+        silent = -1
+        for right in rights { right.invalidate() }
+        rights = []
+        removeScratchDirectory(directory)
+    }
+}
+
 /// The worker side, in this process (a PKWorkerThread) or another (a PKWorkerProcess).
 public enum WorkerKind: Sendable {
     /// A `PKWorkerThread`.
@@ -133,15 +193,18 @@ public final class PortKitPair: Workload {
 
     /// - Parameters:
     ///   - idlePorts: idle ports (each with a connected sender) added to both loops.
-    public init(_ kind: WorkerKind, _ pattern: PortKitPattern, _ placement: Placement, size: Int = 64, idlePorts: Int = 0) throws {
+    ///   - crowd: senders connected to the main side's port besides the worker, one more
+    ///     connection that never greets (`Crowd`).
+    public init(_ kind: WorkerKind, _ pattern: PortKitPattern, _ placement: Placement, size: Int = 64, idlePorts: Int = 0, crowd: Int = 0) throws {
         let workerCPU = placement.cpus.second
         let role: WorkerRole = pattern == .stream ? .sink : .echo
         driver = try PinnedDriver(cpu: placement.cpus.first) {
             let loop = PKRunLoop.current
             var answers = 0
-            let mine = PKReceivePort { _ in answers += 1 }
+            let mine = PKReceivePort(limits: crowd > 0 ? Crowd.limits : .default) { _ in answers += 1 }
             try loop.add(mine, forMode: .default)
             let idleHere = try makeIdlePorts(idlePorts, on: loop)
+            let crowdHere = crowd > 0 ? try Crowd(of: crowd, at: mine, on: loop) : nil
 
             let workerPort: PKSendPort
             var stopWorker: () -> Void
@@ -241,6 +304,7 @@ public final class PortKitPair: Workload {
                 stopWorker = {}
                 mine.invalidate()
                 idleHere.invalidate()
+                crowdHere?.close()
             })
         }
     }

@@ -292,6 +292,8 @@ static int connect_to(const char *path) {
     return fd;
 }
 
+int cb_connect_unix(const char *path) { return connect_to(path); }
+
 // MARK: - Round trip
 
 struct cb_pingpong {

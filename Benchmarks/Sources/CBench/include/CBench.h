@@ -83,6 +83,9 @@ void cb_stream_free(cb_stream *st);
 
 // MARK: - The helper process's halves
 
+/// A blocking connection to the Unix socket at `path`, or -1.
+int cb_connect_unix(const char *path);
+
 /// `c-echo`: connects to `path`, pins itself, echoes `size`-byte messages until EOF. Exit status.
 int cb_un_echo_serve(const char *path, int cpu, size_t size);
 /// `c-sink`: connects to `path`, pins itself, reads messages, acknowledges each flagged one.
