@@ -11,7 +11,7 @@ extension PKRunLoop {
         precondition(mode != .common, "PKRunLoop.addCommonMode: .common is not a real mode")
         guard commonModes.insert(mode).inserted else { return }
         for source in commonItems.customSources.values { insert(source, into: mode) }
-        for timer in commonItems.timers { insert(timer, into: mode) }
+        for timer in commonItems.timers.values { insert(timer, into: mode) }
         for observer in commonItems.observers { insert(observer, into: mode) }
         for token in commonItems.descriptorTokens {
             if let source = descriptorSource(token) { insert(source, into: mode) }
@@ -85,9 +85,7 @@ extension PKRunLoop {
         guard timer.isValid else { return }
         precondition(timer.loop == nil || timer.loop === self, "PKRunLoop.add: a timer belongs to one run loop")
         timer.loop = self
-        if mode == .common, !commonItems.timers.contains(where: { $0 === timer }) {
-            commonItems.timers.append(timer)
-        }
+        if mode == .common { commonItems.timers[ObjectIdentifier(timer)] = timer }
         forEachResolved(mode) { m in insert(timer, into: m) }
         if let currentMode { armTimer(for: currentMode) } else { armHostedBetweenPasses(mode) }
     }
@@ -95,14 +93,16 @@ extension PKRunLoop {
     /// Removes a timer from `mode` without invalidating it. Loop-only.
     public func remove(_ timer: PKTimer, forMode mode: PKRunLoopMode) {
         assertOwner("remove(_:forMode:)")
-        if mode == .common { commonItems.timers.removeAll { $0 === timer } }
-        forEachResolved(mode) { m in record(m)?.timers.removeAll { $0 === timer } }
+        let key = ObjectIdentifier(timer)
+        if mode == .common { commonItems.timers[key] = nil }
+        forEachResolved(mode) { m in record(m)?.timers[key] = nil }
+        noteTimersChanged()
     }
 
     /// Whether `mode` contains `timer`. Loop-only.
     public func contains(_ timer: PKTimer, inMode mode: PKRunLoopMode) -> Bool {
         assertOwner("contains(_:inMode:)")
-        return record(mode)?.timers.contains { $0 === timer } ?? false
+        return record(mode)?.timers[ObjectIdentifier(timer)] != nil
     }
 
     /// Makes a timer, adds it to `mode` and returns it
@@ -119,8 +119,10 @@ extension PKRunLoop {
 
     private func insert(_ timer: PKTimer, into mode: PKRunLoopMode) {
         let items = recordMaking(mode)
-        guard !items.timers.contains(where: { $0 === timer }) else { return }
-        items.timers.append(timer)
+        let key = ObjectIdentifier(timer)
+        guard items.timers[key] == nil else { return }
+        items.timers[key] = timer
+        noteTimersChanged()
     }
 
     // MARK: - Observers
@@ -310,10 +312,10 @@ extension PKRunLoop {
         guard items.purgedAt != count else { return }
         items.purgedAt = count
         removeInvalidatedSources()
-        items.timers.removeAll { !$0.isValid }
+        items.timers = items.timers.filter { $0.value.isValid }
         items.observers.removeAll { !$0.isValid }
         items.observersChanged()
-        commonItems.timers.removeAll { !$0.isValid }
+        commonItems.timers = commonItems.timers.filter { $0.value.isValid }
         commonItems.observers.removeAll { !$0.isValid }
     }
 

@@ -98,6 +98,8 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Custom sources signalled since the loop last looked, in the order they were signalled:
     /// a pass performs these, never scanning the mode's other sources.
     private let signalledQueue = PKMutex<[PKCustomSource]>([])
+    /// Counts changes of this loop's timers (see `refreshTimerDates`).
+    private let timerEpoch = Atomic<UInt64>(0)
     /// Custom sources invalidated since the last purge: a purge removes these from their
     /// modes, never scanning a mode's other sources (a loop has one per port). Nil once the
     /// loop's thread has ended: no purge would take them, and a source whose closure holds the
@@ -169,7 +171,14 @@ public final class PKRunLoop: @unchecked Sendable {
         /// Keyed by identity: adding, finding and removing one of a loop's thousands is O(1).
         @exclusivity(unchecked) var customSources: [ObjectIdentifier: PKCustomSource] = [:]
         @exclusivity(unchecked) var descriptorTokens: Set<UInt64> = []
-        @exclusivity(unchecked) var timers: [PKTimer] = []
+        /// Keyed by identity, as the custom sources are.
+        @exclusivity(unchecked) var timers: [ObjectIdentifier: PKTimer] = [:]
+        /// The earliest fire date of the mode's valid timers that are not firing, and the
+        /// earliest moment one of them must fire by (its fire date plus its tolerance), as of
+        /// `timerEpoch`'s value `timersSeenAt`: a pass reads these instead of every timer.
+        @exclusivity(unchecked) var earliestFire: UInt64 = .max
+        @exclusivity(unchecked) var earliestLatest: UInt64?
+        @exclusivity(unchecked) var timersSeenAt: UInt64 = .max
         @exclusivity(unchecked) var observers: [PKRunLoopObserver] = []
         /// The activities some observer of this mode watches: a pass skips the others.
         @exclusivity(unchecked) var observedActivities: PKRunLoopActivity = []
@@ -773,17 +782,40 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     private func fireDueTimers(_ record: ModeRecord) {
-        let timers = record.timers
-        guard !timers.isEmpty else { return }
+        guard !record.timers.isEmpty else { return }
+        refreshTimerDates(record)
         let now = monotonicNanoseconds()
         // Most passes find no timer due: look before making anything.
-        guard timers.contains(where: { $0.fireNanoseconds <= now }) else { return }
-        let due = timers.filter { $0.isValid && !$0.isFiring && $0.fireNanoseconds <= now }
+        guard record.earliestFire <= now else { return }
+        let due = record.timers.values.filter { $0.isValid && !$0.isFiring && $0.fireNanoseconds <= now }
             .sorted { $0.fireNanoseconds < $1.fireNanoseconds }
         // `due` is a snapshot: skip a timer that an earlier callback removed or moved.
-        for timer in due where timer.isValid && timer.fireNanoseconds <= now && record.timers.contains(where: { $0 === timer }) {
+        for timer in due where timer.isValid && timer.fireNanoseconds <= now && record.timers[ObjectIdentifier(timer)] != nil {
             timer.fireOnLoop(now: monotonicNanoseconds)
         }
+    }
+
+    /// Notes that a timer of this loop may have changed (added, removed, fired, moved,
+    /// invalidated): each mode's earliest dates are computed again when next read. Safe from
+    /// any thread.
+    func noteTimersChanged() { timerEpoch.add(1, ordering: .relaxed) }
+
+    /// Computes `record`'s earliest timer dates again if a timer changed since they were:
+    /// a pass costs the same with a thousand timers waiting as with none.
+    @inline(__always)
+    private func refreshTimerDates(_ record: ModeRecord) {
+        let epoch = timerEpoch.load(ordering: .relaxed)
+        guard record.timersSeenAt != epoch else { return }
+        record.timersSeenAt = epoch
+        var fire = UInt64.max
+        var latest: UInt64? = nil
+        for timer in record.timers.values where timer.isValid && !timer.isFiring {
+            fire = min(fire, timer.fireNanoseconds)
+            let must = timer.latestNanoseconds
+            if latest == nil || must < latest! { latest = must }
+        }
+        record.earliestFire = fire
+        record.earliestLatest = latest
     }
 
     /// Arms the timerfd for `mode` (see `armTimer(for record:)`).
@@ -795,11 +827,9 @@ public final class PKRunLoop: @unchecked Sendable {
     /// its tolerance; re-arms only when that moment changes.
     private func armTimer(for record: ModeRecord?) {
         var earliest: UInt64? = nil
-        if let timers = record?.timers {
-            for timer in timers where timer.isValid && !timer.isFiring {
-                let latest = timer.latestNanoseconds
-                if earliest == nil || latest < earliest! { earliest = latest }
-            }
+        if let record, !record.timers.isEmpty {
+            refreshTimerDates(record)
+            earliest = record.earliestLatest
         }
         if armedRecord !== record { armedRecord = record }
         timerWithoutDescriptor = nil
@@ -830,6 +860,7 @@ public final class PKRunLoop: @unchecked Sendable {
 
     /// Called when a timer's dates change, so the timerfd follows.
     func timersChanged() {
+        noteTimersChanged()
         if ThreadIdentity.current == threadID {
             armedTimer = .max - 1  // force a re-arm on the next pass
             if currentMode != nil { armTimer(for: currentMode) } else { armHostedBetweenPasses(nil) }
@@ -954,7 +985,7 @@ public final class PKRunLoop: @unchecked Sendable {
         ended.store(true, ordering: .releasing)
         for record in Array(modeItems.values) {
             for source in record.customSources.values { source.invalidate() }
-            for timer in record.timers { timer.invalidate() }
+            for timer in record.timers.values { timer.invalidate() }
             for observer in record.observers { observer.invalidate() }
             purgeInvalid(record)
         }

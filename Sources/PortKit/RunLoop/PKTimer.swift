@@ -66,7 +66,9 @@ public final class PKTimer: @unchecked Sendable {
     /// Stops the timer for good and removes it from its loop. Safe from any thread.
     public func invalidate() {
         guard valid.exchange(false, ordering: .acquiringAndReleasing) else { return }
-        loop?.noteInvalidationWaking()
+        guard let loop else { return }
+        loop.noteTimersChanged()
+        loop.noteInvalidationWaking()
     }
 
     /// Fires the timer now, on the calling thread, without changing its schedule (`-[NSTimer fire]`).
@@ -78,9 +80,13 @@ public final class PKTimer: @unchecked Sendable {
 
     /// Runs the handler and moves the fire date; loop-only.
     func fireOnLoop(now: () -> UInt64) {
+        // `isFiring` and the fire date count in the loop's earliest dates: each change is noted.
+        let loop = self.loop
         isFiring = true
+        loop?.noteTimersChanged()
         handler(self)
         isFiring = false
+        defer { loop?.noteTimersChanged() }
         guard isValid else { return }
         guard let interval else { invalidate(); return }
         let step = UInt64(max(interval.nanosecondsClamped, 1))

@@ -146,26 +146,6 @@ extension RunLoopTests {
     }
 }
 
-/// Runs `body` on a loop thread; if it is still running after a while (`patience(10 s)`), a
-/// watchdog stops the loop, so that a run that would sleep for ever returns `.stopped`.
-private func withWatchdog<R: Sendable>(_ body: @escaping @Sendable (PKRunLoop) throws -> R) throws -> R {
-    let loopBox = Locked<PKRunLoop?>(nil)
-    let finished = Locked(false)
-    let watchdog = TestThread(name: "deadline-watchdog") {
-        let limit = PKDeadline.after(patience(.seconds(10)))
-        while !finished.value && !limit.hasPassed { sleepFor(.milliseconds(5)) }
-        if !finished.value { loopBox.value?.stop() }
-    }
-    defer { finished.value = true }
-    let result = try onLoopThread(timeout: patience(.seconds(30))) { loop in
-        loopBox.value = loop
-        defer { finished.value = true }
-        return try body(loop)
-    }
-    try watchdog.join(timeout: patience(.seconds(30)))
-    return result
-}
-
 /// A source in `mode` on `pipe`'s read end, which it drains, made readable: the run's wait
 /// reports it at once.
 private func readySource(on loop: PKRunLoop, in mode: PKRunLoopMode, _ pipe: TestPipe) throws -> PKDescriptorSource {

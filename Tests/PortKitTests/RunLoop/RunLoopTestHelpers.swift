@@ -137,3 +137,33 @@ func pollReadable(_ fd: Int32, timeoutMilliseconds: Int32) throws -> Bool {
         if errno != EINTR { throw TestSystemCallFailed(call: "poll", errno: errno) }
     }
 }
+
+/// Runs `body` on a loop thread; if it is still running after a while (`patience(10 s)`), a
+/// watchdog stops the loop, so that a run that would sleep for ever returns `.stopped`.
+func withWatchdog<R: Sendable>(_ body: @escaping @Sendable (PKRunLoop) throws -> R) throws -> R {
+    try withWatchdog { loop, _ in try body(loop) }
+}
+
+/// As `withWatchdog(_:)`; `barked` turns true before the watchdog stops the loop, so that
+/// something the stopped pass does can tell it came late.
+func withWatchdog<R: Sendable>(_ body: @escaping @Sendable (PKRunLoop, _ barked: Locked<Bool>) throws -> R) throws -> R {
+    let loopBox = Locked<PKRunLoop?>(nil)
+    let finished = Locked(false)
+    let barked = Locked(false)
+    let watchdog = TestThread(name: "loop-watchdog") {
+        let limit = PKDeadline.after(patience(.seconds(10)))
+        while !finished.value && !limit.hasPassed { sleepFor(.milliseconds(5)) }
+        if !finished.value {
+            barked.value = true
+            loopBox.value?.stop()
+        }
+    }
+    defer { finished.value = true }
+    let result = try onLoopThread(timeout: patience(.seconds(30))) { loop in
+        loopBox.value = loop
+        defer { finished.value = true }
+        return try body(loop, barked)
+    }
+    try watchdog.join(timeout: patience(.seconds(30)))
+    return result
+}

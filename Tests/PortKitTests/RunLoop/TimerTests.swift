@@ -215,6 +215,75 @@ extension RunLoopTests {
             #expect(fired >= newDate)
         }
 
+        // A pass reads each mode's earliest timer dates, computed again only after a timer
+        // changed: each change below must reach them.
+
+        /// An earlier timer added to a mode whose later timer's date the loop already knows.
+        @Test func anEarlierTimerAddedAfterALaterOneWakesTheLoop() throws {
+            let (firedInTime, result) = try withWatchdog { loop, barked in
+                let mode: PKRunLoopMode = "timer-earlier-added"
+                var firedInTime: Bool?
+                loop.scheduleTimer(after: .seconds(3600), forMode: mode) { _ in }
+                loop.runOnePass(in: mode)
+                loop.scheduleTimer(after: .milliseconds(20), forMode: mode) { _ in
+                    firedInTime = !barked.value
+                    loop.stop()
+                }
+                let result = loop.run(in: mode, until: .after(.seconds(3600)))
+                return (firedInTime, result)
+            }
+            #expect(firedInTime == true, "the earlier timer fired only when the watchdog woke the loop")
+            #expect(result == .stopped)
+        }
+
+        /// A timer's fire date moved earlier after the loop knew it (by a custom source, not a
+        /// timer: a timer's firing is itself a change).
+        @Test func movingAFireDateEarlierWakesTheLoop() throws {
+            let (firedInTime, result) = try withWatchdog { loop, barked in
+                let mode: PKRunLoopMode = "timer-move-earlier"
+                var firedInTime: Bool?
+                let timer = loop.scheduleTimer(after: .seconds(3600), forMode: mode) { _ in
+                    firedInTime = !barked.value
+                    loop.stop()
+                }
+                loop.runOnePass(in: mode)
+                let mover = PKCustomSource { timer.fireDate = .after(.milliseconds(20)) }
+                loop.add(mover, forMode: mode)
+                mover.signal()
+                let result = loop.run(in: mode, until: .after(.seconds(3600)))
+                mover.invalidate()
+                return (firedInTime, result)
+            }
+            #expect(firedInTime == true, "the moved timer fired only when the watchdog woke the loop")
+            #expect(result == .stopped)
+        }
+
+        /// A repeating timer's next fire date, once it fired: the loop sleeps until then, waking
+        /// once a firing (not spinning on the date it fired at), also after a nested run in its
+        /// handler (which must neither count the firing timer nor leave it out afterwards).
+        @Test func aRepeatingTimerWakesTheLoopOnceAFiring() throws {
+            let (firings, wakeUps) = try withWatchdog { loop, _ in
+                let mode: PKRunLoopMode = "timer-repeat-wakes"
+                var firings = 0
+                var wakeUps = 0
+                let observer = PKRunLoopObserver(activities: .afterWaiting) { _, _ in wakeUps += 1 }
+                loop.add(observer, forMode: mode)
+                loop.scheduleTimer(after: .milliseconds(30), repeats: true, forMode: mode) { timer in
+                    firings += 1
+                    if firings == 1 { loop.run(in: mode, until: .after(.milliseconds(5))) }
+                    if firings == 3 {
+                        timer.invalidate()
+                        loop.stop()
+                    }
+                }
+                loop.run(in: mode, until: .after(.seconds(3600)))
+                observer.invalidate()
+                return (firings, wakeUps)
+            }
+            #expect(firings == 3)
+            #expect(wakeUps <= 6, "\(wakeUps) wake-ups for 3 firings and a nested run")
+        }
+
         @Test func fireRunsTheHandlerNowWithoutChangingTheSchedule() throws {
             let (oneShotCalls, oneShotValid, repeatingCalls, repeatingValid, dateKept) = try onLoopThread { _ in
                 var oneShotCalls = 0
