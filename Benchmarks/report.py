@@ -34,6 +34,7 @@ RULES = [
     ("Request/reply, processes", "request.processes", "portkit", "rt.processes", "portkit", "latency", 1.2),
     ("Spawn to check-in", "spawn", "portkit", "spawn", "pthread+byte", "latency", 1.5),
     ("Round trip, 1,000 idle ports per loop (each with a socket sender)", "rt.threads.idle1000", "portkit", "rt.threads", "portkit", "latency", 1.10),
+    ("Round trip, 1,000 timers waiting on each loop", "rt.threads.timers1000", "portkit", "rt.threads", "portkit", "latency", 1.10),
     ("Round trip, processes, 1,000 more senders on the port, one of them silent", "rt.processes.crowd", "portkit", "rt.processes", "portkit", "latency", 1.10),
     ("Lookup, 10,000 names registered", "lookup", "portkit-10000", "lookup", "portkit-1", "latency", 2.0),
     # PortKit's ZeroMQ transport against raw libzmq on the same endpoint type: latency at most

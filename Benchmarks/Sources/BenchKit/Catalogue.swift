@@ -60,6 +60,8 @@ public func catalogue(short: Bool = isShortMode, filtered: Bool = true) -> [Work
         #endif
         // The same with 1,000 idle ports on each loop.
         add("rt.threads.idle1000", "portkit", p, rt) { try PortKitPair(.thread, .roundTrip, p, idlePorts: 1000) }
+        // The same with 1,000 timers waiting on each loop.
+        add("rt.threads.timers1000", "portkit", p, rt) { try PortKitPair(.thread, .roundTrip, p, idleTimers: 1000) }
         // Request/reply (sendRequest), thread to thread.
         add("request.threads", "portkit", p, rt) { try PortKitPair(.thread, .request, p) }
 
@@ -136,7 +138,7 @@ public func comparisons(_ specs: [WorkloadSpec] = catalogue(filtered: false)) ->
         }
         var baselines: [String] = specs.filter { $0.workload == spec.workload && $0.placement == spec.placement && !$0.impl.hasPrefix("portkit") }.map(\.name)
         switch spec.workload {
-        case "request.threads", "rt.threads.idle1000": baselines.append("rt.threads|portkit|\(p)")
+        case "request.threads", "rt.threads.idle1000", "rt.threads.timers1000": baselines.append("rt.threads|portkit|\(p)")
         case "request.processes", "rt.processes.crowd": baselines.append("rt.processes|portkit|\(p)")
         case "lookup": baselines.append("lookup|portkit-1|\(p)")
         default: break

@@ -104,6 +104,14 @@ public func makeIdlePorts(_ count: Int, on loop: PKRunLoop) throws -> IdlePorts 
     return idle
 }
 
+/// Schedules `count` timers an hour away on `loop`'s default mode, each at its own time: a
+/// loop that many timers wait on (a server's per-client timeouts, say). Invalidate them when done.
+public func makeIdleTimers(_ count: Int, on loop: PKRunLoop) -> [PKTimer] {
+    (0..<count).map { index in
+        loop.scheduleTimer(after: .seconds(3600) + .milliseconds(index)) { _ in }
+    }
+}
+
 /// Senders connected to a port by name, and one connection that never greets: a server's
 /// crowd of clients with one hostile peer among them. The port waits an hour for a greeting,
 /// so the silent one stays for the whole measurement.
@@ -195,7 +203,9 @@ public final class PortKitPair: Workload {
     ///   - idlePorts: idle ports (each with a connected sender) added to both loops.
     ///   - crowd: senders connected to the main side's port besides the worker, one more
     ///     connection that never greets (`Crowd`).
-    public init(_ kind: WorkerKind, _ pattern: PortKitPattern, _ placement: Placement, size: Int = 64, idlePorts: Int = 0, crowd: Int = 0) throws {
+    ///   - idleTimers: timers an hour away added to both loops (threads only).
+    public init(_ kind: WorkerKind, _ pattern: PortKitPattern, _ placement: Placement, size: Int = 64, idlePorts: Int = 0, crowd: Int = 0, idleTimers: Int = 0) throws {
+        precondition(idleTimers == 0 || kind == .thread, "idle timers are for the thread pair")
         let workerCPU = placement.cpus.second
         let role: WorkerRole = pattern == .stream ? .sink : .echo
         driver = try PinnedDriver(cpu: placement.cpus.first) {
@@ -205,6 +215,7 @@ public final class PortKitPair: Workload {
             try loop.add(mine, forMode: .default)
             let idleHere = try makeIdlePorts(idlePorts, on: loop)
             let crowdHere = crowd > 0 ? try Crowd(of: crowd, at: mine, on: loop) : nil
+            let timersHere = makeIdleTimers(idleTimers, on: loop)
 
             let workerPort: PKSendPort
             var stopWorker: () -> Void
@@ -214,6 +225,7 @@ public final class PortKitPair: Workload {
                     if workerCPU >= 0 { cb_pin_self(workerCPU) }
                     guard let main = context.mainPort else { throw BenchError("no main port") }
                     let idle = try makeIdlePorts(idlePorts, on: context.loop)
+                    _ = makeIdleTimers(idleTimers, on: context.loop)  // the loop keeps them; they end with it
                     let handler = workerHandler(role, mainPort: main)
                     context.port.handler = { message in withExtendedLifetime(idle.rights) { handler(message) } }
                 }
@@ -305,6 +317,7 @@ public final class PortKitPair: Workload {
                 mine.invalidate()
                 idleHere.invalidate()
                 crowdHere?.close()
+                for timer in timersHere { timer.invalidate() }
             })
         }
     }
