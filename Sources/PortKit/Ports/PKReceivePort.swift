@@ -314,7 +314,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         mailboxDeferred = false
         let closing = connections.values
         connections = [:]
-        awaitingGreeting = []
+        unlistAllAwaitingGreeting()
         for connection in ready { connection.isListedReady = false }
         ready.removeAll()
         for connection in closing { connection.close() }
@@ -412,6 +412,12 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     private func unlistAwaitingGreeting(_ connection: ReceiveConnection) {
         connection.isListedAwaitingGreeting = false
         awaitingGreeting.removeAll { $0 === connection }
+    }
+
+    /// Empties `awaitingGreeting` (every connection goes). Loop-only.
+    private func unlistAllAwaitingGreeting() {
+        for connection in awaitingGreeting { connection.isListedAwaitingGreeting = false }
+        awaitingGreeting = []
     }
 
     private func armGreetingTimer(_ loop: PKRunLoop) {
@@ -578,7 +584,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         greetingTimer = nil
         let closing = connections.values
         connections = [:]
-        awaitingGreeting = []
+        unlistAllAwaitingGreeting()
         for connection in ready { connection.isListedReady = false }
         ready.removeAll()
         for connection in closing { connection.close() }

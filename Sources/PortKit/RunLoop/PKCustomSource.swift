@@ -28,6 +28,8 @@ public final class PKCustomSource: @unchecked Sendable {
     private let link = LoopLink()
     /// The modes of its loop the source is in. Loop-only.
     @exclusivity(unchecked) var modes: [PKRunLoopMode] = []
+    /// Given by its loop when first added (see `PKRunLoop.nextAddedSequence`).
+    @exclusivity(unchecked) var addedSequence: UInt64 = 0
     /// The loop the source was added to.
     var loop: PKRunLoop? {
         get { link.loop }

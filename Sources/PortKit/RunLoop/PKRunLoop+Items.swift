@@ -44,8 +44,16 @@ extension PKRunLoop {
         guard source.isValid else { return }
         precondition(source.loop == nil || source.loop === self, "PKRunLoop.add: a custom source belongs to one run loop")
         source.loop = self
+        if source.addedSequence == 0 {
+            nextAddedSequence += 1
+            source.addedSequence = nextAddedSequence
+        }
         if mode == .common { commonItems.customSources[ObjectIdentifier(source)] = source }
         forEachResolved(mode) { m in insert(source, into: m) }
+        // Invalidated meanwhile: by another thread before it could see this loop (it queued
+        // nothing), or taken by a purge in a nested run of a schedule routine before it reached
+        // every mode. Queued now, so that the next purge takes it out of them all.
+        if !source.isValid { noteInvalidated(source) }
     }
 
     /// Removes a custom source from `mode`; its `cancel` routine runs now. Loop-only.
@@ -122,6 +130,10 @@ extension PKRunLoop {
         let key = ObjectIdentifier(timer)
         guard items.timers[key] == nil else { return }
         items.timers[key] = timer
+        if timer.addedSequence == 0 {
+            nextAddedSequence += 1
+            timer.addedSequence = nextAddedSequence
+        }
         noteTimersChanged()
     }
 
@@ -312,10 +324,10 @@ extension PKRunLoop {
         guard items.purgedAt != count else { return }
         items.purgedAt = count
         removeInvalidatedSources()
-        items.timers = items.timers.filter { $0.value.isValid }
+        removeInvalid(&items.timers)
         items.observers.removeAll { !$0.isValid }
         items.observersChanged()
-        commonItems.timers = commonItems.timers.filter { $0.value.isValid }
+        removeInvalid(&commonItems.timers)
         commonItems.observers.removeAll { !$0.isValid }
     }
 
@@ -324,10 +336,20 @@ extension PKRunLoop {
     /// a scan of every mode's sources (a loop has one per port, and a one-shot timer's end
     /// purges too).
     private func removeInvalidatedSources() {
-        var invalidated = takeInvalidatedSources()
+        let invalidated = takeInvalidatedSources()
         guard !invalidated.isEmpty else { return }
-        if invalidated.count > 1 { sortByOrder(&invalidated) }
-        for source in invalidated {
+        removeEverywhere(invalidated)
+        recycleInvalidatedSources(invalidated)
+    }
+
+    /// Takes `sources` out of every mode they are in, calling `cancel` for each mode, in their
+    /// order (and, for one order, the order they were first added in). Loop-only.
+    func removeEverywhere(_ sources: [PKCustomSource]) {
+        var sources = sources
+        if sources.count > 1 {
+            sources.sort { ($0.order, $0.addedSequence) < ($1.order, $1.addedSequence) }
+        }
+        for source in sources {
             let key = ObjectIdentifier(source)
             commonItems.customSources[key] = nil
             let modes = source.modes
@@ -336,6 +358,13 @@ extension PKRunLoop {
                 source.cancelled(on: self, mode: mode)
             }
         }
+    }
+
+    /// Removes the invalid timers of `timers` in place (nothing is copied when all are valid).
+    private func removeInvalid(_ timers: inout [ObjectIdentifier: PKTimer]) {
+        var gone: [ObjectIdentifier] = []
+        for (key, timer) in timers where !timer.isValid { gone.append(key) }
+        for key in gone { timers[key] = nil }
     }
 
     /// Whether `mode` has nothing that could end a wait: no sources and no timers.

@@ -119,6 +119,9 @@ public final class PKRunLoop: @unchecked Sendable {
     /// batch never reaches a newer source in its slot (the top bit marks a blocked write).
     @exclusivity(unchecked) var descriptorSlots: [PKDescriptorSource?] = []
     @exclusivity(unchecked) var freeSlots: [Int] = []
+    /// The last sequence number given to a custom source or timer when first added, which
+    /// orders ties (sources of one order cancelled together, timers of one fire date).
+    @exclusivity(unchecked) var nextAddedSequence: UInt64 = 0
     @exclusivity(unchecked) var nextGeneration: UInt64 = 1
     @exclusivity(unchecked) var parkedSources: Set<UInt64> = []
     /// Signalled sources taken from `signalledQueue` that are not in the running mode: they
@@ -126,6 +129,8 @@ public final class PKRunLoop: @unchecked Sendable {
     @exclusivity(unchecked) private var deferredSignalled: [PKCustomSource] = []
     /// The other half of `signalledQueue`'s buffer, swapped in under the lock.
     @exclusivity(unchecked) private var spareSignalled: [PKCustomSource] = []
+    /// The other half of `invalidatedSources`' buffer.
+    @exclusivity(unchecked) private var spareInvalidated: [PKCustomSource] = []
     @exclusivity(unchecked) private(set) var currentMode: PKRunLoopMode?
     /// The read area every connection of this loop reads into while it holds no partial frame
     /// (`WireDecoder.withBorrowedStorage`), so an idle connection costs no read buffer.
@@ -318,18 +323,31 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Notes that `source`, one of this loop's, was invalidated: the next purge removes it
     /// from its modes (see `noteInvalidationWaking`). Safe from any thread.
     func noteInvalidated(_ source: PKCustomSource) {
+        // In no mode (removed from them before it was invalidated, as a port's adopter is):
+        // nothing to purge, and nothing to keep it for.
+        if isOwnedByCurrentThread && source.modes.isEmpty { return }
         // Queued before it is counted: a purge that sees the count finds the source.
         invalidatedSources.withLock { $0?.append(source) }
         noteInvalidationWaking()
     }
 
-    /// Takes the custom sources invalidated since the last call. Loop-only.
+    /// Takes the custom sources invalidated since the last call, handing the queue the buffer
+    /// of the previous batch (a request's reply port is one a request: no allocation each).
+    /// Loop-only.
     func takeInvalidatedSources() -> [PKCustomSource] {
+        var taken = spareInvalidated
+        spareInvalidated = []
         invalidatedSources.withLock { queue in
-            guard let taken = queue, !taken.isEmpty else { return [] }
-            queue = []
-            return taken
+            guard queue?.isEmpty == false else { return }
+            swap(&queue!, &taken)
         }
+        return taken
+    }
+
+    /// Gives `takeInvalidatedSources` back its batch's buffer, emptied. Loop-only.
+    func recycleInvalidatedSources(_ batch: consuming [PKCustomSource]) {
+        batch.removeAll(keepingCapacity: true)
+        spareInvalidated = batch
     }
 
     /// Notes that a timer or custom source of this loop was invalidated, and wakes the loop so
@@ -759,7 +777,7 @@ public final class PKRunLoop: @unchecked Sendable {
             candidates.removeAllKeepingStorage()
             spareSignalled = candidates
         }
-        if candidates.count > 1 { sortByOrder(&candidates) }
+        if candidates.count > 1 { orderCandidates(&candidates) }
         var handled = false
         for source in candidates where source.isSignalled && source.isValid {
             // Checked now, not when taken: an earlier callback may have removed it from the mode.
@@ -772,8 +790,8 @@ public final class PKRunLoop: @unchecked Sendable {
         return handled
     }
 
-    /// Sorts sources by order (stable), each once.
-    func sortByOrder(_ candidates: inout [PKCustomSource]) {
+    /// Sorts signalled sources by order (stable), each once.
+    private func orderCandidates(_ candidates: inout [PKCustomSource]) {
         var seen = Set<ObjectIdentifier>()
         candidates = candidates.enumerated()
             .filter { seen.insert(ObjectIdentifier($0.element)).inserted }
@@ -787,11 +805,12 @@ public final class PKRunLoop: @unchecked Sendable {
         let now = monotonicNanoseconds()
         // Most passes find no timer due: look before making anything.
         guard record.earliestFire <= now else { return }
+        // By fire date, and for one date in the order they were added (as CFRunLoop does).
         let due = record.timers.values.filter { $0.isValid && !$0.isFiring && $0.fireNanoseconds <= now }
-            .sorted { $0.fireNanoseconds < $1.fireNanoseconds }
+            .sorted { ($0.fireNanoseconds, $0.addedSequence) < ($1.fireNanoseconds, $1.addedSequence) }
         // `due` is a snapshot: skip a timer that an earlier callback removed or moved.
         for timer in due where timer.isValid && timer.fireNanoseconds <= now && record.timers[ObjectIdentifier(timer)] != nil {
-            timer.fireOnLoop(now: monotonicNanoseconds)
+            timer.fireOnLoop(self, now: monotonicNanoseconds)
         }
     }
 
@@ -983,13 +1002,19 @@ public final class PKRunLoop: @unchecked Sendable {
     func threadDidExit() {
         flushPendingWritesFinally()
         ended.store(true, ordering: .releasing)
+        // From here the queue takes nothing (no purge would take it), and every source still in
+        // a mode leaves it now, cancelled for each: those another thread is invalidating at
+        // this moment too, which it may not have queued yet.
+        invalidatedSources.withLock { $0 = nil }
+        var sources: [ObjectIdentifier: PKCustomSource] = commonItems.customSources
+        for record in modeItems.values { sources.merge(record.customSources) { first, _ in first } }
+        for source in sources.values { source.invalidate() }
+        removeEverywhere(Array(sources.values))
         for record in Array(modeItems.values) {
-            for source in record.customSources.values { source.invalidate() }
             for timer in record.timers.values { timer.invalidate() }
             for observer in record.observers { observer.invalidate() }
             purgeInvalid(record)
         }
-        invalidatedSources.withLock { $0 = nil }
         for case let source? in descriptorSlots { removeDescriptorSourceEverywhere(source) }
         modeItems = [:]
         lastRecord = nil

@@ -31,6 +31,8 @@ public final class PKTimer: @unchecked Sendable {
     // Loop-only state, guarded by the owning loop's thread.
     @exclusivity(unchecked) var fireNanoseconds: UInt64
     @exclusivity(unchecked) var isFiring = false
+    /// Given by its loop when first added (see `PKRunLoop.nextAddedSequence`).
+    @exclusivity(unchecked) var addedSequence: UInt64 = 0
     private let link = LoopLink()
     /// The loop the timer was added to.
     var loop: PKRunLoop? {
@@ -79,14 +81,13 @@ public final class PKTimer: @unchecked Sendable {
     }
 
     /// Runs the handler and moves the fire date; loop-only.
-    func fireOnLoop(now: () -> UInt64) {
+    func fireOnLoop(_ loop: PKRunLoop, now: () -> UInt64) {
         // `isFiring` and the fire date count in the loop's earliest dates: each change is noted.
-        let loop = self.loop
         isFiring = true
-        loop?.noteTimersChanged()
+        loop.noteTimersChanged()
         handler(self)
         isFiring = false
-        defer { loop?.noteTimersChanged() }
+        defer { loop.noteTimersChanged() }
         guard isValid else { return }
         guard let interval else { invalidate(); return }
         let step = UInt64(max(interval.nanosecondsClamped, 1))

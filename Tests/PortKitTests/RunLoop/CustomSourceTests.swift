@@ -210,6 +210,37 @@ extension RunLoopTests {
             #expect(stillIn.isEmpty)
         }
 
+        /// A source invalidated while it is being added to the common modes (its schedule
+        /// routine invalidates it and runs a nested pass, whose purge takes it out of the modes
+        /// it has reached): the modes it reaches after that lose it too, with a cancel each.
+        @Test func aSourceInvalidatedWhileBeingAddedLeavesEveryMode() throws {
+            let one: PKRunLoopMode = "cs-adding-1"
+            let two: PKRunLoopMode = "cs-adding-2"
+            let (cancelled, stillIn) = try onLoopThread { loop in
+                loop.addCommonMode(one)
+                loop.addCommonMode(two)
+                let log = Locked<[String]>([])
+                var first: PKRunLoopMode?
+                var source: PKCustomSource?
+                source = PKCustomSource(
+                    schedule: { _, mode in
+                        guard first == nil else { return }
+                        first = mode
+                        source?.invalidate()
+                        loop.runOnePass(in: mode)
+                    },
+                    cancel: { _, mode in log.append("\(mode)") },
+                    perform: {})
+                let added = try #require(source)
+                loop.add(added, forMode: .common)
+                for mode in [one, two, .default] { loop.runOnePass(in: mode) }
+                source = nil
+                return (Set(log.value), [one, two, .default].filter { loop.contains(added, inMode: $0) })
+            }
+            #expect(stillIn.isEmpty)
+            #expect(cancelled == Set([one, two, .default].map { "\($0)" }))
+        }
+
         @Test func anInvalidatedSourceCannotBeAddedOrPerformed() throws {
             let (scheduled, performed, result) = try onLoopThread { loop in
                 var scheduled = false

@@ -238,6 +238,8 @@ extension RunLoopTests {
                 weakLoop.value = WeakLoop(loop)
             }
             try thread.join()
+            // The thread's end runs after its body returned (a thread-local destructor).
+            try waitUntil("the loop's thread ended") { weakLoop.value?.loop?.threadEnded ?? true }
             handOff.withLock { source in
                 source?.invalidate()
                 source = nil

@@ -215,6 +215,21 @@ extension RunLoopTests {
             #expect(fired >= newDate)
         }
 
+        /// Timers due at one date fire in the order they were added, as CFRunLoop's do.
+        @Test func timersDueAtOneDateFireInTheOrderTheyWereAdded() throws {
+            let order = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "timer-ties"
+                var order: [Int] = []
+                let date = PKDeadline.after(.milliseconds(10))
+                for index in 0..<8 {
+                    loop.add(PKTimer(fireDate: date) { _ in order.append(index) }, forMode: mode)
+                }
+                loop.run(in: mode, until: .after(.seconds(10)))  // .finished once they have fired
+                return order
+            }
+            #expect(order == Array(0..<8))
+        }
+
         // A pass reads each mode's earliest timer dates, computed again only after a timer
         // changed: each change below must reach them.
 
