@@ -106,12 +106,18 @@ public final class PortKitNameLookup: Workload {
 
 /// Looks `name` up and drops the right; false if it is not (yet) reachable.
 private func lookUpOnce(_ server: PKNameServer, _ name: String) throws(PKError) -> Bool {
+    guard let right = try lookUpUnlessBusy(server, name) else { return false }
+    right.invalidate()
+    return true
+}
+
+/// A right to `name`, or nil while it is not reachable (not yet registered, or its owner's
+/// backlog is full: both say `.nameNotFound`).
+func lookUpUnlessBusy(_ server: PKNameServer, _ name: String) throws(PKError) -> PKSendPort? {
     do {
-        let right = try server.lookUp(name)
-        right.invalidate()
-        return true
+        return try server.lookUp(name)
     } catch {
-        if error.code == .nameNotFound { return false }
+        if error.code == .nameNotFound { return nil }
         throw error
     }
 }

@@ -135,11 +135,13 @@ public final class Crowd {
             let names = PKNameServer(directory: directory)
             try names.register(port, name: "crowd")
             rights.reserveCapacity(count)
+            let deadline = PKDeadline.after(.seconds(60))
             while rights.count < count {
-                if let right = try Self.lookUpUnlessBusy(names) {
+                if let right = try lookUpUnlessBusy(names, "crowd") {
                     rights.append(right)
                 } else {
                     // The backlog is full: let the loop accept.
+                    if deadline.hasPassed { throw BenchError("crowd: \(rights.count) of \(count) senders connected") }
                     loop.run(in: .default, until: .after(.milliseconds(5)))
                 }
             }
@@ -149,16 +151,6 @@ public final class Crowd {
             loop.run(in: .default, until: .after(.milliseconds(200)))
         } catch {
             close()
-            throw error
-        }
-    }
-
-    /// A right to "crowd", or nil while its backlog is full.
-    private static func lookUpUnlessBusy(_ names: PKNameServer) throws(PKError) -> PKSendPort? {
-        do {
-            return try names.lookUp("crowd")
-        } catch {
-            if error.code == .nameNotFound { return nil }
             throw error
         }
     }
