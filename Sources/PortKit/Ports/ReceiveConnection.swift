@@ -71,7 +71,6 @@ final class ReceiveConnection {
     /// The latest REPLY_BACK request's answer: voided when the requester cancels it, or makes
     /// the next request.
     @exclusivity(unchecked) private var pendingReply: ReplyTicket?
-    @exclusivity(unchecked) var hasGreeting = false
     /// Accepted from a named socket: the greeting's claim is checked against SO_PEERCRED.
     let accepted: Bool
     /// When an accepted connection must have greeted by.
@@ -194,7 +193,6 @@ final class ReceiveConnection {
             guard let found else { break }
             switch found {
             case .greeting(let greeting):
-                hasGreeting = true
                 greetingDeadline = nil
                 if let peer, greeting.uid != peer.uid || greeting.pid != UInt32(bitPattern: peer.pid) {
                     return .failed("the greeting claims pid \(greeting.pid) uid \(greeting.uid), but the kernel says pid \(peer.pid) uid \(peer.uid)")

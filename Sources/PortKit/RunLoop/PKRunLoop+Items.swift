@@ -10,8 +10,8 @@ extension PKRunLoop {
         assertOwner("addCommonMode(_:)")
         precondition(mode != .common, "PKRunLoop.addCommonMode: .common is not a real mode")
         guard commonModes.insert(mode).inserted else { return }
-        for source in commonItems.customSources.values { insert(source, into: mode) }
-        for timer in commonItems.timers.values { insert(timer, into: mode) }
+        for source in commonItems.customSources.values where source.isValid { insert(source, into: mode) }
+        for timer in commonItems.timers.values where timer.isValid { insert(timer, into: mode) }
         for observer in commonItems.observers { insert(observer, into: mode) }
         for token in commonItems.descriptorTokens {
             if let source = descriptorSource(token) { insert(source, into: mode) }
@@ -95,6 +95,12 @@ extension PKRunLoop {
         timer.loop = self
         if mode == .common { commonItems.timers[ObjectIdentifier(timer)] = timer }
         forEachResolved(mode) { m in insert(timer, into: m) }
+        // Invalidated by another thread before it could see this loop (it counted nothing):
+        // counted now, so that the next purge takes it out.
+        if !timer.isValid {
+            noteTimersChanged()
+            noteInvalidation()
+        }
         if let currentMode { armTimer(for: currentMode) } else { armHostedBetweenPasses(mode) }
     }
 
@@ -364,7 +370,9 @@ extension PKRunLoop {
     private func removeInvalid(_ timers: inout [ObjectIdentifier: PKTimer]) {
         var gone: [ObjectIdentifier] = []
         for (key, timer) in timers where !timer.isValid { gone.append(key) }
+        guard !gone.isEmpty else { return }
         for key in gone { timers[key] = nil }
+        noteTimersChanged()
     }
 
     /// Whether `mode` has nothing that could end a wait: no sources and no timers.

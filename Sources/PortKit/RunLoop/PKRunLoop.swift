@@ -324,8 +324,12 @@ public final class PKRunLoop: @unchecked Sendable {
     /// from its modes (see `noteInvalidationWaking`). Safe from any thread.
     func noteInvalidated(_ source: PKCustomSource) {
         // In no mode (removed from them before it was invalidated, as a port's adopter is):
-        // nothing to purge, and nothing to keep it for.
-        if isOwnedByCurrentThread && source.modes.isEmpty { return }
+        // nothing to purge, and nothing to keep it for; nor in the common items, which a
+        // common mode added later would take it from.
+        if isOwnedByCurrentThread && source.modes.isEmpty {
+            commonItems.customSources[ObjectIdentifier(source)] = nil
+            return
+        }
         // Queued before it is counted: a purge that sees the count finds the source.
         invalidatedSources.withLock { $0?.append(source) }
         noteInvalidationWaking()
@@ -335,13 +339,13 @@ public final class PKRunLoop: @unchecked Sendable {
     /// of the previous batch (a request's reply port is one a request: no allocation each).
     /// Loop-only.
     func takeInvalidatedSources() -> [PKCustomSource] {
-        var taken = spareInvalidated
-        spareInvalidated = []
         invalidatedSources.withLock { queue in
-            guard queue?.isEmpty == false else { return }
+            guard queue?.isEmpty == false else { return [] }
+            var taken = spareInvalidated
+            spareInvalidated = []
             swap(&queue!, &taken)
+            return taken
         }
-        return taken
     }
 
     /// Gives `takeInvalidatedSources` back its batch's buffer, emptied. Loop-only.
@@ -817,13 +821,14 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Notes that a timer of this loop may have changed (added, removed, fired, moved,
     /// invalidated): each mode's earliest dates are computed again when next read. Safe from
     /// any thread.
-    func noteTimersChanged() { timerEpoch.add(1, ordering: .relaxed) }
+    func noteTimersChanged() { timerEpoch.add(1, ordering: .releasing) }
 
     /// Computes `record`'s earliest timer dates again if a timer changed since they were:
     /// a pass costs the same with a thousand timers waiting as with none.
     @inline(__always)
     private func refreshTimerDates(_ record: ModeRecord) {
-        let epoch = timerEpoch.load(ordering: .relaxed)
+        // Acquiring: a timer invalidated on another thread before it counted is seen invalid.
+        let epoch = timerEpoch.load(ordering: .acquiring)
         guard record.timersSeenAt != epoch else { return }
         record.timersSeenAt = epoch
         var fire = UInt64.max

@@ -195,9 +195,9 @@ final class TemporaryNameDirectory: Sendable {
     /// greeting timeout drops them, never it.
     @Test func aClientThatGreetsLateLeavesThePendingSlots() throws {
         let dir = TemporaryNameDirectory()
-        let outcome = try onLoopThread { loop -> (lateOpen: Bool, evicted: [Bool], silentClosed: [Bool]) in
+        let outcome = try onPortLoopThread { loop -> (lateOpen: Bool, evicted: [Bool], silentClosed: [Bool]) in
             var limits = PKPortLimits()
-            limits.greetingTimeout = patience(.seconds(2))
+            limits.greetingTimeout = .seconds(3)  // the evictions are checked long before
             limits.maxPendingGreetings = 2
             let port = PKReceivePort(limits: limits)
             try loop.add(port, forMode: .default)

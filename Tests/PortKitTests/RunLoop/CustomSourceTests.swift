@@ -241,6 +241,23 @@ extension RunLoopTests {
             #expect(cancelled == Set([one, two, .default].map { "\($0)" }))
         }
 
+        /// A source of the common modes, removed from each of them and then invalidated, is not
+        /// put into a common mode added later (it was left among the common items).
+        @Test func anInvalidatedSourceDoesNotJoinACommonModeAddedLater() throws {
+            let later: PKRunLoopMode = "cs-common-later"
+            let (schedules, contained) = try onLoopThread { loop in
+                var schedules: [String] = []
+                let source = PKCustomSource(schedule: { _, mode in schedules.append("\(mode)") }) {}
+                loop.add(source, forMode: .common)
+                loop.remove(source, forMode: .default)
+                source.invalidate()
+                loop.addCommonMode(later)
+                return (schedules, loop.contains(source, inMode: later))
+            }
+            #expect(schedules == ["\(PKRunLoopMode.default)"])
+            #expect(!contained)
+        }
+
         @Test func anInvalidatedSourceCannotBeAddedOrPerformed() throws {
             let (scheduled, performed, result) = try onLoopThread { loop in
                 var scheduled = false
