@@ -208,6 +208,22 @@ static inline ssize_t pk_send_bytes(int fd, const void *buf, size_t len) {
     return send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
+/// The descriptors of `msg`'s SCM_RIGHTS control messages, for pk_recvmsg_fds. Not inlined
+/// there: most reads carry none, and this loop would sit among their code.
+__attribute__((noinline, cold))
+static inline void pk_take_fds(struct msghdr *msg, int *fds, unsigned int maxfds,
+                               unsigned int *fdcount, int *truncated) {
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c != NULL; c = CMSG_NXTHDR(msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        int *in = (int *)CMSG_DATA(c);
+        for (size_t i = 0; i < count; i++) {
+            if (*fdcount < maxfds) fds[(*fdcount)++] = in[i];
+            else { close(in[i]); *truncated = 1; }
+        }
+    }
+}
+
 /// recvmsg(2) into one buffer, with MSG_CMSG_CLOEXEC. Descriptors that arrived are written to
 /// `fds` (at most `maxfds`; any beyond that are closed here) and counted in `*fdcount`.
 /// `*truncated` is set when the kernel reported MSG_CTRUNC (descriptors were lost); every
@@ -226,15 +242,7 @@ static inline ssize_t pk_recvmsg_fds(int fd, void *buf, size_t len, int *fds, un
     ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n < 0) return n;
     if (msg.msg_flags & MSG_CTRUNC) *truncated = 1;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        int *in = (int *)CMSG_DATA(c);
-        for (size_t i = 0; i < count; i++) {
-            if (*fdcount < maxfds) fds[(*fdcount)++] = in[i];
-            else { close(in[i]); *truncated = 1; }
-        }
-    }
+    if (msg.msg_controllen > 0) pk_take_fds(&msg, fds, maxfds, fdcount, truncated);
     return n;
 }
 

@@ -701,21 +701,11 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         while progressed && isValid {
             progressed = false
             // In-process messages first, in the order they were sent, then each connection's.
-            while localQueueHead < localQueue.count {
-                let message = localQueue.takeMessage(at: localQueueHead)
-                localQueueHead += 1
-                progressed = true
-                if deliverChanges != handlerChanges { (deliver, deliverChanges) = (handler, handlerChanges) }
-                deliver(message)
-                if !isValid { return }
-            }
-            if localQueueHead > 0 && localQueueHead == localQueue.count {
-                localQueue.removeAllKeepingStorage()
-                localQueueHead = 0
-                if mailboxDeferred, let loop = runLoop {
-                    mailboxDeferred = false
-                    adopter.signal(waking: loop)
-                }
+            // (The head never passes the end: a queue with nothing left to deliver but not yet
+            // reset is not empty either.)
+            if !localQueue.isEmpty {
+                guard let delivered = deliverLocalMessages(&deliver, &deliverChanges) else { return }
+                progressed = delivered
             }
             // One message per connection per round, so that one busy sender cannot hold up
             // the others; a connection leaves the list once it has nothing more.
@@ -731,7 +721,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
                 }
                 index += 1
                 progressed = true
-                if connection.readingPaused { connection.resumeIfDrained() }
+                connection.resumeIfDrained()
                 if deliverChanges != handlerChanges { (deliver, deliverChanges) = (handler, handlerChanges) }
                 deliver(message)
                 // Its bytes take the next message read; a handler that kept the message or its
@@ -744,6 +734,32 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         }
     }
 
+    /// Delivers the in-process messages queued, in the order they were sent, and resets the
+    /// queue; returns whether there were any, or `nil` if a handler invalidated the port. Out
+    /// of line: a port whose senders are in other processes never calls it, and its code would
+    /// sit among the delivery's own.
+    @inline(never)
+    private func deliverLocalMessages(_ deliver: inout (PKPortMessage) -> Void, _ deliverChanges: inout UInt64) -> Bool? {
+        var delivered = false
+        while localQueueHead < localQueue.count {
+            let message = localQueue.takeMessage(at: localQueueHead)
+            localQueueHead += 1
+            delivered = true
+            if deliverChanges != handlerChanges { (deliver, deliverChanges) = (handler, handlerChanges) }
+            deliver(message)
+            if !isValid { return nil }
+        }
+        if localQueueHead > 0 {
+            localQueue.removeAllKeepingStorage()
+            localQueueHead = 0
+            if mailboxDeferred, let loop = runLoop {
+                mailboxDeferred = false
+                adopter.signal(waking: loop)
+            }
+        }
+        return delivered
+    }
+
     /// A connection's queue is empty: reading resumes if it had paused, and a connection that
     /// ended (its end seen while a handler held up its last messages) goes.
     private func connectionDrained(_ connection: ReceiveConnection) {
@@ -752,6 +768,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         if connection.finished || connection.failed { drop(connection) }
     }
 
+    @inline(never)  // a connection's end: out of the delivery's code (see `deliverLocalMessages`)
     private func drop(_ connection: ReceiveConnection) {
         guard connections.removeValue(forKey: ObjectIdentifier(connection)) != nil else { return }
         if connection.isListedAwaitingGreeting { unlistAwaitingGreeting(connection) }

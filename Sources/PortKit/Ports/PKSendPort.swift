@@ -99,18 +99,12 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         _ message: borrowing PKPortMessage, to connection: SendConnection, reply replyRight: ReplyRight?,
         replyBackToken: UInt16, before deadline: PKDeadline
     ) throws(PKError) {
-        func wire(_ component: PKPortComponent) -> WireComponent {
-            switch component {
-            case .data(let bytes): .data(bytes)
-            case .port: .port
-            }
-        }
-        // One component (the usual message) is held inline: the frame makes no array.
+        // One data component (the usual message) is held inline: the frame makes no array.
         let components: WireComponents
-        switch message.body {
-        case .bytes(let bytes): components = WireComponents(.data(bytes))
-        case .components(let all):
-            components = all.count == 1 ? WireComponents(wire(all[0])) : WireComponents(all.map(wire))
+        if case .bytes(let bytes) = message.body {
+            components = WireComponents(.data(bytes))
+        } else {
+            components = wireComponents(of: message)
         }
         let frame = WireFrame(msgid: message.msgid, hasReplyPort: message.replyPort != nil,
                               repliesBack: replyBackToken != 0,
@@ -119,22 +113,55 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         do throws(WireError) {
             try WireEncoder.check(frame, limits: PKPortLimits.default.wire, direction: replyRight == nil ? .toPort : .toRequester)
         } catch {
-            throw PKError(.limitExceeded, "the message is over PortKit's limits: \(error.message)")
+            throw overLimits(error)
         }
         var transfers: [Int32] = []
         defer { for fd in transfers { Descriptor.close(fd) } }
-        if let reply = message.replyPort {
-            transfers.append(try reply.makeTransferDescriptor(before: deadline))
-        }
-        if frame.portCount > 0 {  // the usual message has none: no iteration (a copy of the array)
-            for case .port(let port) in message.components {
-                transfers.append(try port.makeTransferDescriptor(before: deadline))
-            }
+        // The usual message carries no port: no descriptor to make, and no iteration (a copy
+        // of the array).
+        if message.replyPort != nil || frame.portCount > 0 {
+            try makeTransferDescriptors(for: message, into: &transfers, before: deadline)
         }
         if let replyRight {
             try replyRight.send(frame, descriptors: transfers, before: deadline)
         } else {
             try connection.write(frame, descriptors: transfers, before: deadline)
+        }
+    }
+
+    // A message's rare steps, out of line: inlined, their code would sit among the send's,
+    // which every message runs, and spread it over more lines of the instruction cache.
+
+    /// The frame's components for a message held as components, not as its bytes.
+    @inline(never)
+    private static func wireComponents(of message: borrowing PKPortMessage) -> WireComponents {
+        func wire(_ component: PKPortComponent) -> WireComponent {
+            switch component {
+            case .data(let bytes): .data(bytes)
+            case .port: .port
+            }
+        }
+        let all = message.components
+        return all.count == 1 ? WireComponents(wire(all[0])) : WireComponents(all.map(wire))
+    }
+
+    @inline(never)
+    private static func overLimits(_ error: WireError) -> PKError {
+        PKError(.limitExceeded, "the message is over PortKit's limits: \(error.message)")
+    }
+
+    /// Appends to `transfers` a descriptor for the reply port and for each port `message`
+    /// carries, in the frame's order (the caller closes them).
+    @inline(never)
+    private static func makeTransferDescriptors(
+        for message: borrowing PKPortMessage, into transfers: inout [Int32], before deadline: PKDeadline
+    ) throws(PKError) {
+        if let reply = message.replyPort {
+            transfers.append(try reply.makeTransferDescriptor(before: deadline))
+        }
+        guard case .components(let all) = message.body else { return }  // its bytes only
+        for case .port(let port) in all {
+            transfers.append(try port.makeTransferDescriptor(before: deadline))
         }
     }
 
@@ -368,8 +395,7 @@ final class SendConnection: @unchecked Sendable {
                         try flushLocked(&state, until: .distantPast, failOnTimeout: false)
                         guard state.pending.count + size <= Self.pendingLimit else { return .needRoom }
                     }
-                    append(frame, to: &state, deadline: deadline)
-                    return .sent(flush: takeFlushDuty(&state))
+                    return appendPending(frame, &state, deadline: deadline)
                 }
                 if !state.pending.isEmpty {
                     try flushLocked(&state, until: .distantPast, failOnTimeout: false)
@@ -384,8 +410,7 @@ final class SendConnection: @unchecked Sendable {
                 if descriptors.isEmpty && state.lastWriteAt != 0
                     && monotonicNanoseconds() &- state.lastWriteAt < Self.recentWriteNanoseconds
                     && Socket.unsentBytes(fd) > 0 {
-                    append(frame, to: &state, deadline: deadline)
-                    return .sent(flush: takeFlushDuty(&state))
+                    return appendPending(frame, &state, deadline: deadline)
                 }
                 if let loop {
                     state.directLoop = loopID
@@ -439,6 +464,15 @@ final class SendConnection: @unchecked Sendable {
         state.scratch.deallocate()
         state.scratch = .allocate(byteCount: grown, alignment: 8)
         return (state.scratch, false)
+    }
+
+    /// Encodes `frame` at the end of the pending bytes, which someone must then write (see
+    /// `takeFlushDuty`). Out of line: a round trip's frames go out at once and never come here,
+    /// and this code would sit among theirs.
+    @inline(never)
+    private func appendPending(_ frame: WireFrame, _ state: inout State, deadline: PKDeadline) -> WriteStep {
+        append(frame, to: &state, deadline: deadline)
+        return .sent(flush: takeFlushDuty(&state))
     }
 
     /// Encodes `frame` at the end of the pending bytes.

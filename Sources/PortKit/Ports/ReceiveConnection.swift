@@ -195,7 +195,7 @@ final class ReceiveConnection {
             case .greeting(let greeting):
                 greetingDeadline = nil
                 if let peer, greeting.uid != peer.uid || greeting.pid != UInt32(bitPattern: peer.pid) {
-                    return .failed("the greeting claims pid \(greeting.pid) uid \(greeting.uid), but the kernel says pid \(peer.pid) uid \(peer.uid)")
+                    return .failed(Self.credentialsMismatch(greeting, peer))
                 }
             case .frame:
                 switch frame.controlCode {
@@ -221,6 +221,13 @@ final class ReceiveConnection {
             return .paused
         }
         return .more
+    }
+
+    /// Why a greeting whose claim the kernel contradicts is refused. Out of line: its string
+    /// interpolation would sit among the decoding loop's code, which every message runs.
+    @inline(never)
+    private static func credentialsMismatch(_ greeting: WireGreeting, _ peer: (pid: Int32, uid: UInt32, gid: UInt32)) -> String {
+        "the greeting claims pid \(greeting.pid) uid \(greeting.uid), but the kernel says pid \(peer.pid) uid \(peer.uid)"
     }
 
     /// The right to answer request `token`, on this connection's reply channel. `nil` when
@@ -311,7 +318,15 @@ final class ReceiveConnection {
         source.events = [.hangUp]
     }
 
+    @inline(__always)
     func resumeIfDrained() {
+        if readingPaused { resumeIfBelowLimits() }
+    }
+
+    /// Out of line: a connection pauses only when its receiver falls behind, and this code
+    /// would sit among the delivery's, which runs for every message.
+    @inline(never)
+    private func resumeIfBelowLimits() {
         guard readingPaused, !failed, queue.count - queueHead < maxQueuedMessages, queuedBytes < maxQueuedBytes else { return }
         readingPaused = false
         source.events = .readable

@@ -529,7 +529,7 @@ public final class PKRunLoop: @unchecked Sendable {
     private func runPasses(_ record: ModeRecord, _ deadline: PKDeadline, _ returnAfter: Bool) -> PKRunLoopRunResult {
         let mode = record.mode
         let capacity = EventBuffer.capacity
-        if eventBuffers.count < runDepth { eventBuffers.append(EventBuffer()) }
+        if eventBuffers.count < runDepth { addEventBuffer() }
         let buffer = eventBuffers[runDepth - 1]
         let readyEvents = buffer.events
         let readyTokens = buffer.tokens
@@ -582,18 +582,11 @@ public final class PKRunLoop: @unchecked Sendable {
             // wait, which then reports them.
             if !parkedSources.isEmpty { registerParkedSources(for: mode) }
             // A timer the timerfd could not be armed for bounds the wait itself.
-            if timeout != 0, let due = timerWithoutDescriptor {
-                let untilDue = PKDeadline(uptimeNanoseconds: due).pollTimeoutMilliseconds(now: monotonicNanoseconds())
-                if timeout < 0 || untilDue < timeout { timeout = untilDue }
-            }
+            if timeout != 0, let due = timerWithoutDescriptor { timeout = Self.timeout(timeout, boundedBy: due) }
             // A loop that has watched nothing and never slept has no epoll descriptor yet, and
             // nothing it could report: a pass that does not sleep skips the system call.
             var epoll = epollDescriptor.load(ordering: .acquiring)
-            if epoll < 0 && timeout != 0 {
-                do throws(PKError) { epoll = try makeKernelObjects() } catch {
-                    napWithoutDescriptors(timeout, error)
-                }
-            }
+            if epoll < 0 && timeout != 0 { epoll = makeKernelObjectsOrNap(timeout) }
             let count = epoll < 0 ? 0 : (try? Epoll.wait(epoll, events: readyEvents, tokens: readyTokens, capacity: capacity, timeoutMilliseconds: timeout)) ?? 0
             if sleeps { notifyObservers(.afterWaiting, record) }
 
@@ -607,16 +600,8 @@ public final class PKRunLoop: @unchecked Sendable {
                     // An exchange, not a store: it acquires whatever a waker published before it
                     // found a wake-up already pending (and so did not write the eventfd).
                     _ = wakePending.exchange(false, ordering: .acquiringAndReleasing)
-                case Token.timer:
-                    TimerFD.drain(timerFD)
-                    armedTimer = nil
-                case Token.deadline:
-                    // A run's deadline (this run's, or an earlier run's that armed it): the end
-                    // of the pass compares this run's deadline with the clock.
-                    TimerFD.drain(deadlineFD)
-                    armedDeadline = nil
-                case let token where token & Token.blockedWrite != 0:
-                    retryBlockedWrite(Int32(truncatingIfNeeded: token & 0xFFFF_FFFF))
+                case let token where token < Token.firstSource || token & Token.blockedWrite != 0:
+                    handleTimerOrBlockedWrite(token)
                 default:
                     break
                 }
@@ -688,6 +673,30 @@ public final class PKRunLoop: @unchecked Sendable {
             throw error
         }
         return made
+    }
+
+    // The rare steps of a pass, out of line: their code would otherwise sit among the pass's
+    // own, which every message runs, and spread it over more lines of the instruction cache.
+
+    /// One more event buffer, for a run nested deeper than any before.
+    @inline(never)
+    private func addEventBuffer() { eventBuffers.append(EventBuffer()) }
+
+    /// `timeout` (-1: none) shortened to end when `due` (monotonic nanoseconds) comes.
+    @inline(never)
+    private static func timeout(_ timeout: Int32, boundedBy due: UInt64) -> Int32 {
+        let untilDue = PKDeadline(uptimeNanoseconds: due).pollTimeoutMilliseconds(now: monotonicNanoseconds())
+        return timeout < 0 || untilDue < timeout ? untilDue : timeout
+    }
+
+    /// The epoll descriptor, made for the loop's first sleep; without one (out of descriptors)
+    /// the loop naps for `timeout` instead, and the result is -1.
+    @inline(never)
+    private func makeKernelObjectsOrNap(_ timeout: Int32) -> Int32 {
+        do throws(PKError) { return try makeKernelObjects() } catch {
+            napWithoutDescriptors(timeout, error)
+            return -1
+        }
     }
 
     /// Out of descriptors at the loop's first sleep: sleeps at most 10 ms without epoll (a
@@ -896,18 +905,32 @@ public final class PKRunLoop: @unchecked Sendable {
     private func handleDescriptorEvent(token: UInt64, mask: UInt32, mode: PKRunLoopMode) -> Bool {
         guard let source = descriptorSource(token) else { return false }
         guard source.isIn(mode) else {
-            // Ready, but not in this mode: stop watching until a run in one of its modes.
-            unregister(source)
-            parkedSources.insert(token)
+            park(source, token: token)
             return false
         }
         source.handler(PKDescriptorSource.events(fromEpoll: mask), self)
         return true
     }
 
+    /// Ready, but not in the running mode: the source is not watched until a run in one of its
+    /// modes. Out of line (see `addEventBuffer`).
+    @inline(never)
+    private func park(_ source: PKDescriptorSource, token: UInt64) {
+        unregister(source)
+        parkedSources.insert(token)
+    }
+
+    /// Calls `record`'s observers of `activity`. The check is inlined into the pass; the calls,
+    /// which a loop without observers never makes, are not (their code would sit among the
+    /// pass's own).
     @inline(__always)
     func notifyObservers(_ activity: PKRunLoopActivity, _ record: ModeRecord) {
         guard record.observedActivities.contains(activity) else { return }
+        callObservers(activity, record)
+    }
+
+    @inline(never)
+    private func callObservers(_ activity: PKRunLoopActivity, _ record: ModeRecord) {
         for observer in record.observers { observer.call(activity) }
     }
 
@@ -991,6 +1014,24 @@ public final class PKRunLoop: @unchecked Sendable {
             // Not watchable (epoll refused a connected socket: out of memory). The bytes stay
             // pending; the connection's next send, or the thread's end, writes them.
             connection.flushDutyReturned()
+        }
+    }
+
+    /// A timerfd expired, or a connection blocked on a full socket may take bytes again. Out
+    /// of line (see `addEventBuffer`).
+    @inline(never)
+    private func handleTimerOrBlockedWrite(_ token: UInt64) {
+        switch token {
+        case Token.timer:
+            TimerFD.drain(timerFD)
+            armedTimer = nil
+        case Token.deadline:
+            // A run's deadline (this run's, or an earlier run's that armed it): the end of the
+            // pass compares this run's deadline with the clock.
+            TimerFD.drain(deadlineFD)
+            armedDeadline = nil
+        default:
+            retryBlockedWrite(Int32(truncatingIfNeeded: token & 0xFFFF_FFFF))
         }
     }
 

@@ -54,8 +54,7 @@ enum Descriptor {
             if n >= 0 { return n == 0 ? 0 : entry.revents }
             let err = errno
             guard err == EINTR else {
-                SystemCall.preconditionNotABug(err, "poll")
-                throw PKError.system("poll", errno: err)
+                throw SystemCall.failure("poll", err)
             }
             if timeoutMilliseconds > 0 {
                 let elapsed = Int64((monotonicNanoseconds() - start) / 1_000_000)
@@ -104,8 +103,7 @@ enum Epoll {
         if n >= 0 { return Int(n) }
         let err = errno
         if err == EINTR { return 0 }
-        SystemCall.preconditionNotABug(err, "epoll_wait")
-        throw PKError.system("epoll_wait", errno: err)
+        throw SystemCall.failure("epoll_wait", err)
     }
 }
 

@@ -26,8 +26,7 @@ enum SystemCall {
             if result >= 0 { return result }
             let err = errno
             if err == EINTR { continue }
-            preconditionNotABug(err, name)
-            throw PKError.system(name, errno: err)
+            throw failure(name, err)
         }
     }
 
@@ -42,16 +41,19 @@ enum SystemCall {
             let err = errno
             if err == EINTR { continue }
             if err == EAGAIN || err == EWOULDBLOCK { return .wouldBlock }
-            preconditionNotABug(err, name)
-            throw PKError.system(name, errno: err)
+            throw failure(name, err)
         }
     }
 
-    @inline(__always)
-    static func preconditionNotABug(_ err: Int32, _ name: StaticString) {
+    /// The error `name` failing with `err` throws; `EBADF` and `EFAULT` trap instead. Out of
+    /// line, as is every failure path of the calls on a message's way: inlined, its code would
+    /// sit among theirs and spread them over more lines of the instruction cache.
+    @inline(never)
+    static func failure(_ name: StaticString, _ err: Int32) -> PKError {
         if err == EBADF || err == EFAULT {
             let what = err == EBADF ? "EBADF: a descriptor was used after it was closed" : "EFAULT"
             preconditionFailure("PortKit bug: \(name) failed with \(what)")
         }
+        return PKError.system(name, errno: err)
     }
 }

@@ -75,9 +75,14 @@ struct WireError: Error, Equatable, Sendable, CustomStringConvertible {
 
     /// Makes a protocol error. The I/O driver makes its own for `.credentialsMismatch` and
     /// `.controlDataTruncated`; the codec makes every other kind.
-    init(_ kind: Kind, _ message: String) {
+    ///
+    /// Out of line, the message made only here: the codec's checks run for every frame and
+    /// almost never fail, and the string interpolations of their messages, inlined, would sit
+    /// among the codec's own code and spread it over more lines of the instruction cache.
+    @inline(never)
+    init(_ kind: Kind, _ message: @autoclosure () -> String) {
         self.kind = kind
-        self.message = message
+        self.message = message()
     }
 
     var description: String { "wire protocol error (\(kind)): \(message)" }
