@@ -701,8 +701,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         while progressed && isValid {
             progressed = false
             // In-process messages first, in the order they were sent, then each connection's.
-            // (The head never passes the end: a queue with nothing left to deliver but not yet
-            // reset is not empty either.)
+            // (The head is 0 whenever the queue is empty, so this also finds a queue delivered
+            // but not yet reset.)
             if !localQueue.isEmpty {
                 guard let delivered = deliverLocalMessages(&deliver, &deliverChanges) else { return }
                 progressed = delivered
@@ -735,9 +735,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     }
 
     /// Delivers the in-process messages queued, in the order they were sent, and resets the
-    /// queue; returns whether there were any, or `nil` if a handler invalidated the port. Out
-    /// of line: a port whose senders are in other processes never calls it, and its code would
-    /// sit among the delivery's own.
+    /// queue; returns whether it delivered any, or `nil` if a handler invalidated the port. Out
+    /// of line: a port whose senders all write through sockets never calls it, and its code
+    /// would sit among the delivery's own.
     @inline(never)
     private func deliverLocalMessages(_ deliver: inout (PKPortMessage) -> Void, _ deliverChanges: inout UInt64) -> Bool? {
         var delivered = false

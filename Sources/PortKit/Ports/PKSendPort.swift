@@ -101,10 +101,9 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
     ) throws(PKError) {
         // One data component (the usual message) is held inline: the frame makes no array.
         let components: WireComponents
-        if case .bytes(let bytes) = message.body {
-            components = WireComponents(.data(bytes))
-        } else {
-            components = wireComponents(of: message)
+        switch message.body {
+        case .bytes(let bytes): components = WireComponents(.data(bytes))
+        case .components(let all): components = wireComponents(all)
         }
         let frame = WireFrame(msgid: message.msgid, hasReplyPort: message.replyPort != nil,
                               repliesBack: replyBackToken != 0,
@@ -117,9 +116,8 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         }
         var transfers: [Int32] = []
         defer { for fd in transfers { Descriptor.close(fd) } }
-        // The usual message carries no port: no descriptor to make, and no iteration (a copy
-        // of the array).
-        if message.replyPort != nil || frame.portCount > 0 {
+        // The usual message carries no port, nor a reply port: no descriptor to make.
+        if frame.descriptorCount > 0 {
             try makeTransferDescriptors(for: message, into: &transfers, before: deadline)
         }
         if let replyRight {
@@ -134,14 +132,13 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
 
     /// The frame's components for a message held as components, not as its bytes.
     @inline(never)
-    private static func wireComponents(of message: borrowing PKPortMessage) -> WireComponents {
+    private static func wireComponents(_ all: [PKPortComponent]) -> WireComponents {
         func wire(_ component: PKPortComponent) -> WireComponent {
             switch component {
             case .data(let bytes): .data(bytes)
             case .port: .port
             }
         }
-        let all = message.components
         return all.count == 1 ? WireComponents(wire(all[0])) : WireComponents(all.map(wire))
     }
 
@@ -471,14 +468,9 @@ final class SendConnection: @unchecked Sendable {
     /// and this code would sit among theirs.
     @inline(never)
     private func appendPending(_ frame: WireFrame, _ state: inout State, deadline: PKDeadline) -> WriteStep {
-        append(frame, to: &state, deadline: deadline)
-        return .sent(flush: takeFlushDuty(&state))
-    }
-
-    /// Encodes `frame` at the end of the pending bytes.
-    private func append(_ frame: WireFrame, to state: inout State, deadline: PKDeadline) {
         WireEncoder.append(frame, to: &state.pending)
         if deadline > state.pendingDeadline { state.pendingDeadline = deadline }
+        return .sent(flush: takeFlushDuty(&state))
     }
 
     /// Waits, without the lock, until the socket may take bytes or `deadline` passes.

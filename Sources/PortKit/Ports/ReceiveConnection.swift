@@ -323,11 +323,12 @@ final class ReceiveConnection {
         if readingPaused { resumeIfBelowLimits() }
     }
 
-    /// Out of line: a connection pauses only when its receiver falls behind, and this code
-    /// would sit among the delivery's, which runs for every message.
+    /// Resumes reading once the queue is below both limits, unless the connection failed. Out
+    /// of line: a connection pauses only when its receiver falls behind, and this code would
+    /// sit among the delivery's, which runs for every message.
     @inline(never)
     private func resumeIfBelowLimits() {
-        guard readingPaused, !failed, queue.count - queueHead < maxQueuedMessages, queuedBytes < maxQueuedBytes else { return }
+        guard !failed, queue.count - queueHead < maxQueuedMessages, queuedBytes < maxQueuedBytes else { return }
         readingPaused = false
         source.events = .readable
     }

@@ -582,7 +582,7 @@ public final class PKRunLoop: @unchecked Sendable {
             // wait, which then reports them.
             if !parkedSources.isEmpty { registerParkedSources(for: mode) }
             // A timer the timerfd could not be armed for bounds the wait itself.
-            if timeout != 0, let due = timerWithoutDescriptor { timeout = Self.timeout(timeout, boundedBy: due) }
+            if timeout != 0, let due = timerWithoutDescriptor { timeout = Self.bounded(timeout, by: due) }
             // A loop that has watched nothing and never slept has no epoll descriptor yet, and
             // nothing it could report: a pass that does not sleep skips the system call.
             var epoll = epollDescriptor.load(ordering: .acquiring)
@@ -675,8 +675,11 @@ public final class PKRunLoop: @unchecked Sendable {
         return made
     }
 
-    // The rare steps of a pass, out of line: their code would otherwise sit among the pass's
-    // own, which every message runs, and spread it over more lines of the instruction cache.
+    // MARK: - A pass's rare steps
+    //
+    // Out of line (`@inline(never)`), as are the others marked so in this file: their code would
+    // otherwise sit among the pass's own, which every message runs, and spread it over more
+    // lines of the instruction cache.
 
     /// One more event buffer, for a run nested deeper than any before.
     @inline(never)
@@ -684,7 +687,7 @@ public final class PKRunLoop: @unchecked Sendable {
 
     /// `timeout` (-1: none) shortened to end when `due` (monotonic nanoseconds) comes.
     @inline(never)
-    private static func timeout(_ timeout: Int32, boundedBy due: UInt64) -> Int32 {
+    private static func bounded(_ timeout: Int32, by due: UInt64) -> Int32 {
         let untilDue = PKDeadline(uptimeNanoseconds: due).pollTimeoutMilliseconds(now: monotonicNanoseconds())
         return timeout < 0 || untilDue < timeout ? untilDue : timeout
     }
@@ -905,7 +908,7 @@ public final class PKRunLoop: @unchecked Sendable {
     private func handleDescriptorEvent(token: UInt64, mask: UInt32, mode: PKRunLoopMode) -> Bool {
         guard let source = descriptorSource(token) else { return false }
         guard source.isIn(mode) else {
-            park(source, token: token)
+            park(source)
             return false
         }
         source.handler(PKDescriptorSource.events(fromEpoll: mask), self)
@@ -913,11 +916,11 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     /// Ready, but not in the running mode: the source is not watched until a run in one of its
-    /// modes. Out of line (see `addEventBuffer`).
+    /// modes. Out of line (see "A pass's rare steps").
     @inline(never)
-    private func park(_ source: PKDescriptorSource, token: UInt64) {
+    private func park(_ source: PKDescriptorSource) {
         unregister(source)
-        parkedSources.insert(token)
+        parkedSources.insert(source.token)
     }
 
     /// Calls `record`'s observers of `activity`. The check is inlined into the pass; the calls,
@@ -1018,7 +1021,7 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     /// A timerfd expired, or a connection blocked on a full socket may take bytes again. Out
-    /// of line (see `addEventBuffer`).
+    /// of line (see "A pass's rare steps").
     @inline(never)
     private func handleTimerOrBlockedWrite(_ token: UInt64) {
         switch token {
@@ -1030,8 +1033,10 @@ public final class PKRunLoop: @unchecked Sendable {
             // pass compares this run's deadline with the clock.
             TimerFD.drain(deadlineFD)
             armedDeadline = nil
-        default:
+        case let token where token & Token.blockedWrite != 0:
             retryBlockedWrite(Int32(truncatingIfNeeded: token & 0xFFFF_FFFF))
+        default:
+            break
         }
     }
 

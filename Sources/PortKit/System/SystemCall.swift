@@ -45,15 +45,16 @@ enum SystemCall {
         }
     }
 
-    /// The error `name` failing with `err` throws; `EBADF` and `EFAULT` trap instead. Out of
-    /// line, as is every failure path of the calls on a message's way: inlined, its code would
-    /// sit among theirs and spread them over more lines of the instruction cache.
+    /// The error `name` failing with `err` throws, made where the caller is (`file`, `line`);
+    /// `EBADF` and `EFAULT` trap instead. Out of line, as is every failure path of the calls on
+    /// a message's way: inlined, its code would sit among theirs and spread them over more
+    /// lines of the instruction cache.
     @inline(never)
-    static func failure(_ name: StaticString, _ err: Int32) -> PKError {
+    static func failure(_ name: StaticString, _ err: Int32, file: String = #fileID, line: Int = #line) -> PKError {
         if err == EBADF || err == EFAULT {
             let what = err == EBADF ? "EBADF: a descriptor was used after it was closed" : "EFAULT"
             preconditionFailure("PortKit bug: \(name) failed with \(what)")
         }
-        return PKError.system(name, errno: err)
+        return PKError.system(name, errno: err, file: file, line: line)
     }
 }
