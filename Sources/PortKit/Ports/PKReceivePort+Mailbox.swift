@@ -7,7 +7,7 @@
 extension PKReceivePort {
     /// What `enqueueLocal` found under the lock.
     enum MailboxOutcome {
-        case queued(wake: PKRunLoop?)
+        case queued(wake: LoopDoorbell?)
         case full(room: Int32, ownThread: Bool)
     }
 
@@ -27,7 +27,7 @@ extension PKReceivePort {
                     state.mailbox.append(pending.take()!)
                     state.mailboxBytes += bytes
                     // Only the first message of a batch needs to wake the loop: it takes them all.
-                    return .queued(wake: state.mailbox.count == 1 ? state.loop : nil)
+                    return .queued(wake: state.mailbox.count == 1 ? state.doorbell : nil)
                 }
                 if state.roomSignal < 0 { state.roomSignal = try EventFD.create() }
                 EventFD.drain(state.roomSignal)  // sleep until the loop next makes room
@@ -35,10 +35,10 @@ extension PKReceivePort {
                 return .full(room: state.roomSignal, ownThread: state.loop?.isOwnedByCurrentThread ?? false)
             }
             switch consume outcome {
-            case .queued(let loop):
+            case .queued(let doorbell):
                 // The loop the port is bound to is the adopter's (see `schedule(on:mode:)`; a
                 // signal before the adopter is added there waits in the loop's queue for it).
-                if let loop { adopter.signal(onItsLoop: loop) }
+                if let doorbell { adopter.signal(ringing: doorbell) }
                 return
             case .full(let room, let ownThread):
                 defer { shared.withLock { $0.waitingSenders -= 1 } }

@@ -68,12 +68,12 @@ public final class PKCustomSource: @unchecked Sendable {
         loop.wakeUp()
     }
 
-    /// `signal(waking: loop)` for a source the caller knows was added to `loop`: it skips the
-    /// lock and the weak load of the source's own link (a loop has weak references, so each
-    /// retain of it takes the runtime's slow path).
-    func signal(onItsLoop loop: PKRunLoop) {
-        if !signalled.exchange(true, ordering: .acquiringAndReleasing) { loop.noteSignalled(self) }
-        loop.wakeUp()
+    /// `signal(waking:)` for a source the caller knows was added to the loop that `doorbell`
+    /// is of: it skips the lock and the weak load of the source's own link, and the caller
+    /// holds the doorbell, not the loop (see `LoopDoorbell`).
+    func signal(ringing doorbell: LoopDoorbell) {
+        if !signalled.exchange(true, ordering: .acquiringAndReleasing) { doorbell.noteSignalled(self) }
+        doorbell.wakeUp()
     }
 
     /// Removes the source from every mode of its loop, for good (`CFRunLoopSourceInvalidate`).

@@ -64,7 +64,8 @@ public final class PKRunLoop: @unchecked Sendable {
 
     /// -1 until `makeKernelObjects()`.
     let epollDescriptor = Atomic<Int32>(-1)
-    private let wakeDescriptor = Atomic<Int32>(-1)
+    /// The wake-up eventfd and the signalled sources: what other threads touch to wake the loop.
+    let doorbell = LoopDoorbell()
     /// Serializes the making of loops' kernel objects (once per loop; `descriptor` may be read
     /// from another thread).
     private static let kernelObjectsMaking = PKMutex(())
@@ -82,22 +83,15 @@ public final class PKRunLoop: @unchecked Sendable {
     @exclusivity(unchecked) private var reportedNoDescriptors = false
     private static let logger = Logger(label: "PortKit.PKRunLoop")
 
-    // Cross-thread state.
-    private let wakePending = Atomic<Bool>(false)
+    // Cross-thread state (and the doorbell's).
     /// Whether someone read `descriptor` to host the loop (see `noteInvalidationWaking`).
     private let hosted = Atomic<Bool>(false)
-    /// Set when a custom source may have been signalled since the last scan, so a pass looks at
-    /// the mode's custom sources only then (a loop with a thousand idle ports scans nothing).
-    private let signalHint = Atomic<Bool>(true)
     /// Counts invalidations of this loop's timers, custom sources and observers, so a pass
     /// purges a mode only when something in it may have been invalidated.
     private let invalidations = Atomic<UInt64>(0)
     private let stopRequested = Atomic<Bool>(false)
     private let performQueue = PKMutex<[(modes: [PKRunLoopMode], block: @Sendable () -> Void)]>([])
     private let performCount = Atomic<Int>(0)
-    /// Custom sources signalled since the loop last looked, in the order they were signalled:
-    /// a pass performs these, never scanning the mode's other sources.
-    private let signalledQueue = PKMutex<[PKCustomSource]>([])
     /// Counts changes of this loop's timers (see `refreshTimerDates`).
     private let timerEpoch = Atomic<UInt64>(0)
     /// Custom sources invalidated since the last purge: a purge removes these from their
@@ -124,10 +118,10 @@ public final class PKRunLoop: @unchecked Sendable {
     @exclusivity(unchecked) var nextAddedSequence: UInt64 = 0
     @exclusivity(unchecked) var nextGeneration: UInt64 = 1
     @exclusivity(unchecked) var parkedSources: Set<UInt64> = []
-    /// Signalled sources taken from `signalledQueue` that are not in the running mode: they
-    /// wait for a run in one of their modes.
+    /// Signalled sources taken from `doorbell.signalledQueue` that are not in the running
+    /// mode: they wait for a run in one of their modes.
     @exclusivity(unchecked) private var deferredSignalled: [PKCustomSource] = []
-    /// The other half of `signalledQueue`'s buffer, swapped in under the lock.
+    /// The other half of `doorbell.signalledQueue`'s buffer, swapped in under the lock.
     @exclusivity(unchecked) private var spareSignalled: [PKCustomSource] = []
     /// The other half of `invalidatedSources`' buffer.
     @exclusivity(unchecked) private var spareInvalidated: [PKCustomSource] = []
@@ -237,8 +231,6 @@ public final class PKRunLoop: @unchecked Sendable {
     deinit {
         if timerFD >= 0 { Descriptor.close(timerFD) }
         if deadlineFD >= 0 { Descriptor.close(deadlineFD) }
-        let wake = wakeDescriptor.load(ordering: .acquiring)
-        if wake >= 0 { Descriptor.close(wake) }
         let epoll = epollDescriptor.load(ordering: .acquiring)
         if epoll >= 0 { Descriptor.close(epoll) }
     }
@@ -263,8 +255,8 @@ public final class PKRunLoop: @unchecked Sendable {
             }
             // Sequentially consistent with `wakeUp()`: a waker that found no eventfd yet set
             // `wakePending` first, and is seen here; one that comes after finds the eventfd.
-            wakeDescriptor.store(wake, ordering: .sequentiallyConsistent)
-            if wakePending.load(ordering: .sequentiallyConsistent) { EventFD.signal(wake) }
+            doorbell.wakeDescriptor.store(wake, ordering: .sequentiallyConsistent)
+            if doorbell.wakePending.load(ordering: .sequentiallyConsistent) { EventFD.signal(wake) }
             epollDescriptor.store(epoll, ordering: .releasing)
             return epoll
         }
@@ -276,13 +268,13 @@ public final class PKRunLoop: @unchecked Sendable {
     /// sleeps, and a stale wake-up costs it one pass.)
     private func consumeStaleWake() {
         guard hosted.load(ordering: .relaxed) else { return }
-        let wake = wakeDescriptor.load(ordering: .acquiring)
+        let wake = doorbell.wakeDescriptor.load(ordering: .acquiring)
         guard wake >= 0 else { return }  // never slept: the eventfd's maker signals it
         // Drained whatever the flag says: a waker may have set it before this looked and
         // written after. Drained, the eventfd no longer counts as ready when the host polls the
         // descriptor, though its edge was never reported (the kernel polls a ready item again).
         EventFD.drain(wake)
-        _ = wakePending.exchange(false, ordering: .acquiringAndReleasing)
+        _ = doorbell.wakePending.exchange(false, ordering: .acquiringAndReleasing)
         // A deadline armed before the loop was hosted, which no pass would read now.
         disarmDeadline()
         // Work a consumed wake-up announced for another mode keeps the descriptor readable.
@@ -312,10 +304,7 @@ public final class PKRunLoop: @unchecked Sendable {
 
     /// Notes that a custom source of this loop was signalled: its next pass in one of the
     /// source's modes performs it. Safe from any thread.
-    func noteSignalled(_ source: PKCustomSource) {
-        signalledQueue.withLock { $0.append(source) }
-        signalHint.store(true, ordering: .releasing)
-    }
+    func noteSignalled(_ source: PKCustomSource) { doorbell.noteSignalled(source) }
 
     /// Notes that an item of this loop was invalidated. Safe from any thread.
     func noteInvalidation() { invalidations.add(1, ordering: .releasing) }
@@ -369,13 +358,7 @@ public final class PKRunLoop: @unchecked Sendable {
     var invalidationCount: UInt64 { invalidations.load(ordering: .acquiring) }
 
     /// Wakes the loop if it sleeps, so it runs another pass (`CFRunLoopWakeUp`). Safe from any thread.
-    public func wakeUp() {
-        if !wakePending.exchange(true, ordering: .sequentiallyConsistent) {
-            // No eventfd yet: the loop has never slept, and signals itself when it makes one.
-            let wake = wakeDescriptor.load(ordering: .sequentiallyConsistent)
-            if wake >= 0 { EventFD.signal(wake) }
-        }
-    }
+    public func wakeUp() { doorbell.wakeUp() }
 
     /// Ends the innermost run of the loop, which returns `.stopped` (`CFRunLoopStop`). Safe from
     /// any thread. If the loop is not running, its next run returns `.stopped` at once.
@@ -432,7 +415,7 @@ public final class PKRunLoop: @unchecked Sendable {
         currentMode = mode
         // Signalled sources of this mode may have been skipped while another mode ran: those
         // wait in `deferredSignalled`. (Every other signal sets the hint itself.)
-        if !deferredSignalled.isEmpty { signalHint.store(true, ordering: .releasing) }
+        if !deferredSignalled.isEmpty { doorbell.signalHint.store(true, ordering: .releasing) }
         runDepth += 1
         defer {
             if !pendingWrites.isEmpty { flushPendingWrites() }
@@ -441,7 +424,7 @@ public final class PKRunLoop: @unchecked Sendable {
             // A nested run may have deferred signalled sources of the outer mode: the hint
             // makes the outer pass look at them before it sleeps. (Descriptor sources it parked
             // are watched again before the outer pass's wait.)
-            if previous != nil, !deferredSignalled.isEmpty { signalHint.store(true, ordering: .releasing) }
+            if previous != nil, !deferredSignalled.isEmpty { doorbell.signalHint.store(true, ordering: .releasing) }
             // Stay armed for the mode the loop returns to (the outer run's, or after the
             // outermost run this one's): a loop hosted through `descriptor` learns that way
             // when its next timer is due, now or once it is hosted. Any other run arms for its
@@ -599,7 +582,7 @@ public final class PKRunLoop: @unchecked Sendable {
                     // would need 2^64 wake-ups to saturate).
                     // An exchange, not a store: it acquires whatever a waker published before it
                     // found a wake-up already pending (and so did not write the eventfd).
-                    _ = wakePending.exchange(false, ordering: .acquiringAndReleasing)
+                    _ = doorbell.wakePending.exchange(false, ordering: .acquiringAndReleasing)
                 case let token where token < Token.firstSource || token & Token.blockedWrite != 0:
                     handleTimerOrBlockedWrite(token)
                 default:
@@ -732,7 +715,7 @@ public final class PKRunLoop: @unchecked Sendable {
     /// count the hint a run leaves when it ends (a nested run in an observer would otherwise
     /// keep the loop from ever sleeping), and it takes the signalled queue's lock. Loop-only.
     private func hasQueuedWork(_ mode: PKRunLoopMode?) -> Bool {
-        stopOrPerformQueued(mode) || signalledQueue.withLock { !$0.isEmpty }
+        stopOrPerformQueued(mode) || doorbell.signalledQueue.withLock { !$0.isEmpty }
     }
 
     /// Whether a nested run took a signalled source of `mode` and deferred it (see `run`'s
@@ -752,7 +735,7 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Whether something is ready that must not wait for a sleep.
     private func hasPendingWork(_ mode: PKRunLoopMode) -> Bool {
         // Or a source signalled since this pass performed sources.
-        stopOrPerformQueued(mode) || signalHint.load(ordering: .acquiring)
+        stopOrPerformQueued(mode) || doorbell.signalHint.load(ordering: .acquiring)
     }
 
     // MARK: - Items in a pass
@@ -782,9 +765,9 @@ public final class PKRunLoop: @unchecked Sendable {
     private func performCustomSources(_ record: ModeRecord) -> Bool {
         // Looked at before it is taken: most passes find it clear, and a load is cheaper than
         // a locked exchange (as for a stop request).
-        guard signalHint.load(ordering: .relaxed), signalHint.exchange(false, ordering: .acquiringAndReleasing) else { return false }
+        guard doorbell.signalHint.load(ordering: .relaxed), doorbell.signalHint.exchange(false, ordering: .acquiringAndReleasing) else { return false }
         var candidates = spareSignalled
-        signalledQueue.withLock { swap(&$0, &candidates) }
+        doorbell.signalledQueue.withLock { swap(&$0, &candidates) }
         if !deferredSignalled.isEmpty {
             candidates.append(contentsOf: deferredSignalled)
             deferredSignalled.removeAllKeepingStorage()
@@ -1074,7 +1057,7 @@ public final class PKRunLoop: @unchecked Sendable {
         replySlots = []
         // Released after the locks: a block's captures may perform on this loop as they go.
         var signalled: [PKCustomSource] = []
-        signalledQueue.withLock { swap(&signalled, &$0) }
+        doorbell.signalledQueue.withLock { swap(&signalled, &$0) }
         var blocks: [(modes: [PKRunLoopMode], block: @Sendable () -> Void)] = []
         performQueue.withLock { swap(&blocks, &$0) }
         signalled = []
