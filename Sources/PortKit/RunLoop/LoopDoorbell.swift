@@ -2,13 +2,15 @@
 // sources signalled for it. An object of its own so that a sender can hold it cheaply: a loop
 // has weak references (its items' links to it), so every retain and release of a loop takes
 // the Swift runtime's slow path (a side table, three locked instructions each), where this
-// has none. A port's in-process sender rings its loop's doorbell for every message it queues.
+// has none. A port's in-process sender rings its loop's doorbell for the first message of each
+// batch it queues (one a message in a round trip).
 
 import Synchronization
 
 /// A loop's wake-up and signalled-source queue, shared with the threads that wake it. The loop
-/// owns it and makes its eventfd; the eventfd lives as long as the doorbell, so a sender that
-/// still holds one never writes a descriptor that was closed.
+/// makes it and its eventfd; the loop and the ports scheduled on it hold it. The eventfd lives
+/// as long as the doorbell, so a sender that still holds one never writes a descriptor that was
+/// closed.
 final class LoopDoorbell: Sendable {
     /// The eventfd, -1 until the loop makes its kernel objects (see `PKRunLoop.makeKernelObjects`).
     let wakeDescriptor = Atomic<Int32>(-1)
