@@ -37,7 +37,7 @@ extension PKReceivePort {
             switch consume outcome {
             case .queued(let doorbell):
                 // The loop the port is bound to is the adopter's (see `schedule(on:mode:)`; a
-                // signal before the adopter is added there waits in the loop's queue for it).
+                // signal before the adopter is added there waits in the doorbell's queue for it).
                 if let doorbell { adopter.signal(ringing: doorbell) }
                 return
             case .full(let room, let ownThread):

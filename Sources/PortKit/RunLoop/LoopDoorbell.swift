@@ -8,7 +8,7 @@
 import Synchronization
 
 /// A loop's wake-up and signalled-source queue, shared with the threads that wake it. The loop
-/// makes it and its eventfd; the loop and the ports scheduled on it hold it. The eventfd lives
+/// makes it and its eventfd; the loop and every port ever bound to it hold it. The eventfd lives
 /// as long as the doorbell, so a sender that still holds one never writes a descriptor that was
 /// closed.
 final class LoopDoorbell: Sendable {

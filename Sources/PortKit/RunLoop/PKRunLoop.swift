@@ -254,7 +254,8 @@ public final class PKRunLoop: @unchecked Sendable {
                 throw error
             }
             // Sequentially consistent with `wakeUp()`: a waker that found no eventfd yet set
-            // `wakePending` first, and is seen here; one that comes after finds the eventfd.
+            // `doorbell.wakePending` first, and is seen here; one that comes after finds the
+            // eventfd.
             doorbell.wakeDescriptor.store(wake, ordering: .sequentiallyConsistent)
             if doorbell.wakePending.load(ordering: .sequentiallyConsistent) { EventFD.signal(wake) }
             epollDescriptor.store(epoll, ordering: .releasing)
