@@ -27,7 +27,9 @@ extension PKReceivePort {
                     state.mailbox.append(pending.take()!)
                     state.mailboxBytes += bytes
                     // Only the first message of a batch needs to wake the loop: it takes them all.
-                    return .queued(wake: state.mailbox.count == 1 ? state.doorbell : nil)
+                    // Its doorbell is taken, not the loop (read under the lock, the loop is only
+                    // borrowed; see `LoopDoorbell`).
+                    return .queued(wake: state.mailbox.count == 1 ? state.loop?.doorbell : nil)
                 }
                 if state.roomSignal < 0 { state.roomSignal = try EventFD.create() }
                 EventFD.drain(state.roomSignal)  // sleep until the loop next makes room

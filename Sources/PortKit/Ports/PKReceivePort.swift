@@ -57,8 +57,6 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     struct Shared {
         var isValid = true
         var loop: PKRunLoop?
-        /// `loop`'s doorbell, which a sender rings without retaining the loop (see `LoopDoorbell`).
-        var doorbell: LoopDoorbell?
         /// Read ends handed over by other threads, adopted on the loop's thread.
         var pendingAdoptions: [Int32] = []
         /// Messages sent through local send rights, waiting for the loop (the in-process path).
@@ -331,7 +329,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
 
     func schedule(on loop: PKRunLoop, mode: PKRunLoopMode) throws(PKError) {
         let bound: PKRunLoop? = shared.withLock { state in
-            if state.loop == nil, state.isValid { (state.loop, state.doorbell) = (loop, loop.doorbell) }
+            if state.loop == nil, state.isValid { state.loop = loop }
             return state.loop
         }
         guard isValid else { throw PKError(.invalidPort, "cannot schedule an invalidated port") }

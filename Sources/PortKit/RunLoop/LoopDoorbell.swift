@@ -8,9 +8,9 @@
 import Synchronization
 
 /// A loop's wake-up and signalled-source queue, shared with the threads that wake it. The loop
-/// makes it and its eventfd; the loop and every port ever bound to it hold it. The eventfd lives
-/// as long as the doorbell, so a sender that still holds one never writes a descriptor that was
-/// closed.
+/// makes it and its eventfd and holds it; a sender holds it from the port's lock to the end of
+/// its ring. The eventfd lives as long as the doorbell, so a sender that still holds one never
+/// writes a descriptor that was closed, even if the loop is gone meanwhile.
 final class LoopDoorbell: Sendable {
     /// The eventfd, -1 until the loop makes its kernel objects (see `PKRunLoop.makeKernelObjects`).
     let wakeDescriptor = Atomic<Int32>(-1)

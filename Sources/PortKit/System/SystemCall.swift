@@ -47,9 +47,9 @@ enum SystemCall {
 
     /// The error `name` failing with `err` throws, recording `file` and `line` (by default
     /// where `failure` is called: in `run` and `nonBlocking`, this file); `EBADF` and `EFAULT`
-    /// trap instead. Out of line, as is every failure path of the calls on
-    /// a message's way: inlined, its code would sit among theirs and spread them over more
-    /// lines of the instruction cache.
+    /// trap instead. Out of line, as is every failure path of the calls on a message's way:
+    /// inlined, its code would sit among theirs and spread them over more lines of the
+    /// instruction cache.
     @inline(never)
     static func failure(_ name: StaticString, _ err: Int32, file: String = #fileID, line: Int = #line) -> PKError {
         if err == EBADF || err == EFAULT {
