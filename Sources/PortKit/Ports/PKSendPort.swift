@@ -99,7 +99,19 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         _ message: borrowing PKPortMessage, to connection: SendConnection, reply replyRight: ReplyRight?,
         replyBackToken: UInt16, before deadline: PKDeadline
     ) throws(PKError) {
-        // One data component (the usual message) is held inline: the frame makes no array.
+        // The usual message (its bytes alone, no reply port, no request) is encoded from its
+        // bytes where they are: no frame to make.
+        if case .bytes(let bytes) = message.body, message.replyPort == nil, replyBackToken == 0, replyRight == nil {
+            do throws(WireError) { try WireEncoder.check(dataByteCount: bytes.count, limits: PKPortLimits.default.wire) } catch {
+                throw overLimits(error)
+            }
+            try bytes.withUnsafeBufferPointer { (payload) throws(PKError) in
+                try connection.write(WirePlainFrame(msgid: message.msgid, payload: UnsafeRawBufferPointer(payload)),
+                                     descriptors: [], before: deadline)
+            }
+            return
+        }
+        // One data component is held inline: the frame makes no array.
         let components: WireComponents
         switch message.body {
         case .bytes(let bytes): components = WireComponents(.data(bytes))
@@ -375,8 +387,8 @@ final class SendConnection: @unchecked Sendable {
     ///
     /// The frame is encoded under the connection's lock, straight into the pending bytes or into
     /// the connection's encoding area, so a send copies its payload once.
-    func write(_ frame: WireFrame, descriptors: [Int32], before deadline: PKDeadline) throws(PKError) {
-        let size = WireEncoder.encodedSize(of: frame)
+    func write(_ frame: some WireEncodable, descriptors: [Int32], before deadline: PKDeadline) throws(PKError) {
+        let size = frame.encodedSize
         let loop = PKRunLoop.runningOnCurrentThread
         let loopID = loop?.id
         // The lock is held only for steps that do not wait: a sender waiting for room never
@@ -415,7 +427,7 @@ final class SendConnection: @unchecked Sendable {
                 }
                 let (area, isTemporary) = Self.encodingArea(size, &state)
                 defer { if isTemporary { area.deallocate() } }
-                WireEncoder.encode(frame, size: size, into: area)
+                frame.encode(size: size, into: area)
                 let bytes = UnsafeRawBufferPointer(rebasing: area[..<size])
                 let written = try writeLocked(&state, bytes, descriptors: descriptors)
                 if written == 0 && !descriptors.isEmpty { return .needRoom }  // nothing went out
@@ -467,8 +479,8 @@ final class SendConnection: @unchecked Sendable {
     /// `takeFlushDuty`). Out of line: a round trip's frames go out at once and never come here,
     /// and this code would sit among theirs.
     @inline(never)
-    private func appendPending(_ frame: WireFrame, _ state: inout State, deadline: PKDeadline) -> WriteStep {
-        WireEncoder.append(frame, to: &state.pending)
+    private func appendPending(_ frame: some WireEncodable, _ state: inout State, deadline: PKDeadline) -> WriteStep {
+        WireEncoder.appendEncoded(frame, to: &state.pending)
         if deadline > state.pendingDeadline { state.pendingDeadline = deadline }
         return .sent(flush: takeFlushDuty(&state))
     }

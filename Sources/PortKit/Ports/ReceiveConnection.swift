@@ -186,6 +186,11 @@ final class ReceiveConnection {
         var frame = WireFrame(msgid: 0)
         var descriptors: [Int32] = []
         while true {
+            // The usual frame skips the general decoding (the same message either way).
+            if let usual = decoder.nextUsualFrame(reusing: &spare) {
+                enqueue(PKPortMessage(msgid: usual.msgid, data: usual.bytes))
+                continue
+            }
             let found: WireDecoder.Found?
             do throws(WireError) { found = try decoder.next(frame: &frame, descriptors: &descriptors, reusing: &spare) } catch {
                 return .failed(error.description)

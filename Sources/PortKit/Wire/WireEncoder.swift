@@ -18,14 +18,37 @@ enum WireEncoder {
     /// from user input. A frame the wire cannot express at all (more than 65 535 components or
     /// descriptors, a length over 4 GiB) is a programmer error and traps.
     static func append(_ frame: WireFrame, to buffer: inout [UInt8]) {
+        appendEncoded(frame, to: &buffer)
+    }
+
+    /// Appends `frame`, a `WireFrame` or a `WirePlainFrame`, to `buffer`, as `append(_:to:)` does.
+    static func appendEncoded(_ frame: some WireEncodable, to buffer: inout [UInt8]) {
         // Grow once by the frame's size, then write the words and payloads in place: appending
         // word by word went through the generic sequence path for every 8 bytes.
-        let size = encodedSize(of: frame)
+        let size = frame.encodedSize
         let start = buffer.count
         reserve(size, in: &buffer)
         grow(&buffer, by: size)
         buffer.withUnsafeMutableBytes { raw in
-            encode(frame, size: size, into: UnsafeMutableRawBufferPointer(rebasing: raw[start...]))
+            frame.encode(size: size, into: UnsafeMutableRawBufferPointer(rebasing: raw[start...]))
+        }
+    }
+
+    /// Writes the usual message's frame, `frame`, whose `encodedSize` is `size`, at the start of
+    /// `raw` (which must have room for it): the bytes `encode(_:size:into:)` writes for a
+    /// `WireFrame` of one data component holding the same payload, and nothing else.
+    static func encode(_ frame: WirePlainFrame, size: Int, into raw: UnsafeMutableRawBufferPointer) {
+        let headers = WireFormat.frameHeaderByteCount + WireFormat.componentHeaderByteCount
+        let payload = frame.payload.count
+        precondition(size == headers + payload && raw.count >= size, "WireEncoder: no room for the frame")
+        precondition(size <= Int(UInt32.max), "WireEncoder: a frame of \(size) bytes does not fit a u32 length")
+        raw.storeBytes(of: (UInt64(size) | UInt64(frame.msgid) << 32).littleEndian, toByteOffset: 0, as: UInt64.self)
+        // One component; no flag, descriptor or reply token.
+        raw.storeBytes(of: UInt64(1).littleEndian, toByteOffset: 8, as: UInt64.self)
+        raw.storeBytes(of: (UInt64(WireFormat.dataComponentType) | UInt64(payload) << 32).littleEndian,
+                       toByteOffset: WireFormat.frameHeaderByteCount, as: UInt64.self)
+        if let source = frame.payload.baseAddress, payload > 0 {
+            (raw.baseAddress! + headers).copyMemory(from: source, byteCount: payload)
         }
     }
 
@@ -87,10 +110,7 @@ enum WireEncoder {
     /// - Throws: the `WireError` a reader would raise (`.frameTooLong`, `.tooManyComponents`,
     ///   `.tooManyDescriptors`, `.unknownControlCode`, `.malformedControlFrame`).
     static func check(_ frame: WireFrame, limits: WireLimits, direction: WireDirection = .toPort) throws(WireError) {
-        if frame.dataByteCount > limits.maxMessageBytes {
-            throw WireError(.frameTooLong,
-                            "message of \(frame.dataByteCount) data bytes exceeds the limit \(limits.maxMessageBytes)")
-        }
+        try check(dataByteCount: frame.dataByteCount, limits: limits)
         // The usual message, one data component and nothing else towards a port, breaks no
         // other rule (`limits` admits at least one component, and its frame is then no longer
         // than `maxFrameBytes(componentCount: 1)`): the header's checks, about 200
@@ -99,6 +119,17 @@ enum WireEncoder {
         let header = WireFrameHeader(for: frame)
         try header.validate(limits: limits, direction: direction)
         try header.validate(components: frame.components)
+    }
+
+    /// Checks a message's data bytes against `limits`: all `check(_:limits:direction:)` asks of
+    /// the usual message (see there), and so all a `WirePlainFrame` needs.
+    ///
+    /// - Throws: `.frameTooLong` when the bytes are over `maxMessageBytes`.
+    @inline(__always)
+    static func check(dataByteCount: Int, limits: WireLimits) throws(WireError) {
+        if dataByteCount > limits.maxMessageBytes {
+            throw WireError(.frameTooLong, "message of \(dataByteCount) data bytes exceeds the limit \(limits.maxMessageBytes)")
+        }
     }
 
     /// Grows `buffer` geometrically when it lacks room for `count` more bytes (an exact
@@ -131,4 +162,38 @@ enum WireEncoder {
     private static func appendLittleEndian(_ value: UInt64, to buffer: inout [UInt8]) {
         withUnsafeBytes(of: value.littleEndian) { buffer.append(contentsOf: $0) }
     }
+}
+
+/// A frame a writer can encode: a `WireFrame`, or the usual message's `WirePlainFrame`.
+/// Sendable: a connection encodes it under its lock.
+protocol WireEncodable: Sendable {
+    /// The number of bytes the frame takes on the wire: its `length` field.
+    var encodedSize: Int { get }
+    /// Writes the frame, whose `encodedSize` is `size`, at the start of `raw` (which must have
+    /// room for it).
+    func encode(size: Int, into raw: UnsafeMutableRawBufferPointer)
+    /// How many descriptors travel with the frame.
+    var descriptorCount: Int { get }
+}
+
+extension WireFrame: WireEncodable {
+    var encodedSize: Int { WireEncoder.encodedSize(of: self) }
+    func encode(size: Int, into raw: UnsafeMutableRawBufferPointer) { WireEncoder.encode(self, size: size, into: raw) }
+}
+
+/// The usual message's frame, towards a port: one data component, `payload`, and nothing else
+/// (no reply port, control code or reply token). A sender encodes it from the message's bytes
+/// where they are: it makes no `WireFrame` (no components value, whose making and destruction
+/// retain and release the bytes) and skips the general encoder's walk over components. The
+/// payload must stay valid while the frame is encoded: a sender makes one for the length of a
+/// write, on its own thread (so it is Sendable though it points at memory it does not own).
+struct WirePlainFrame: WireEncodable, @unchecked Sendable {
+    /// The message identifier.
+    let msgid: UInt32
+    /// The one data component's bytes.
+    let payload: UnsafeRawBufferPointer
+
+    var encodedSize: Int { WireFormat.frameHeaderByteCount + WireFormat.componentHeaderByteCount + payload.count }
+    var descriptorCount: Int { 0 }
+    func encode(size: Int, into raw: UnsafeMutableRawBufferPointer) { WireEncoder.encode(self, size: size, into: raw) }
 }

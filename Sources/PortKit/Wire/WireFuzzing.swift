@@ -45,6 +45,9 @@
 ///   those `takeAllDescriptors()` returns at the end, are exactly those appended, in order.
 /// - A failed decoder stays failed: `next()` and `finish()` rethrow the first error.
 /// - After a clean `finish()` the decoder is `closed` and nothing was left in it.
+/// - The usual frame's shortcut changes nothing: every stream is also read with its decoder
+///   asked `nextUsualFrame(reusing:)` before each `next()` (as a port's connection reads), and
+///   gives the same events, the same error and the same descriptors as with `next()` alone.
 enum WireFuzzing {
     /// Runs one fuzz input through the decoder and checks every property; traps on a violation.
     static func exercise(_ input: UnsafeRawBufferPointer) {
@@ -67,20 +70,47 @@ enum WireFuzzing {
                 (.toRequester, described.map { var frame = $0; frame.replyToken = token(frame); return frame }),
             ]
             for (direction, frames) in variants {
-                exerciseEncoded(frames, direction: direction, script: script, limits: limits, readInPlace: readInPlace)
+                for usualFirst in [false, true] {
+                    exerciseEncoded(frames, direction: direction, script: script, limits: limits, readInPlace: readInPlace,
+                                    usualFirst: usualFirst)
+                }
             }
             return
         }
-        // The same bytes, read as a connection's first direction and as a reply channel.
+        // The same bytes, read as a connection's first direction and as a reply channel, each
+        // with and without the usual frame's shortcut.
         for direction in [WireDirection.toPort, .toRequester] {
-            exerciseRaw(stream, direction: direction, script: script, limits: limits, readInPlace: readInPlace)
+            let general = exerciseRaw(stream, direction: direction, script: script, limits: limits,
+                                      readInPlace: readInPlace, usualFirst: false)
+            let shortcut = exerciseRaw(stream, direction: direction, script: script, limits: limits,
+                                       readInPlace: readInPlace, usualFirst: true)
+            precondition(general == shortcut,
+                         "WireFuzzing: the usual frame's shortcut read \(shortcut), the general decoding \(general)")
         }
+    }
+
+    /// What a raw stream decoded to: the events, the first error, the descriptors left over.
+    private struct RawOutcome: Equatable {
+        var events: [WireEvent] = []
+        var error: WireError?
+        var returned: [Int32] = []
+    }
+
+    /// The decoder's next event, asking for the usual frame first when `usualFirst` (as a
+    /// port's connection reads; its spare array is reused the way a connection reuses it).
+    private static func nextEvent(_ decoder: inout WireDecoder, usualFirst: Bool, spare: inout [UInt8]) throws(WireError) -> WireEvent? {
+        if usualFirst, let usual = decoder.nextUsualFrame(reusing: &spare) {
+            return .frame(WireFrame(msgid: usual.msgid, components: [.data(usual.bytes)]), descriptors: [])
+        }
+        return try decoder.next()
     }
 
     /// The raw mode: `stream` read in the script's chunks, with its fake descriptors.
     private static func exerciseRaw(_ stream: UnsafeRawBufferPointer, direction: WireDirection, script: UnsafeRawBufferPointer,
-                                    limits: WireLimits, readInPlace: Bool) {
+                                    limits: WireLimits, readInPlace: Bool, usualFirst: Bool) -> RawOutcome {
         var decoder = WireDecoder(limits: limits, direction: direction)
+        var outcome = RawOutcome()
+        var spare: [UInt8] = []
         var appended: [Int32] = []
         var handedOut: [Int32] = []
         var firstError: WireError?
@@ -104,11 +134,16 @@ enum WireFuzzing {
             offset += size
             let streamEnd = offset
             do {
-                while let event = try decoder.next() {
+                while let event = try nextEvent(&decoder, usualFirst: usualFirst, spare: &spare) {
                     precondition(firstError == nil, "WireFuzzing: a failed decoder produced \(event)")
                     let frameEnd = streamEnd - decoder.bufferedByteCount
                     check(event, endingAt: frameEnd, in: stream, limits: limits, direction: direction)
                     if case .frame(_, let descriptors) = event { handedOut += descriptors }
+                    outcome.events.append(event)
+                    // A handler hands the bytes back (the shortcut then reuses their storage).
+                    if case .frame(var frame, _) = event, var bytes = frame.components.takeOnlyData() {
+                        SpareBytes.keep(&bytes, in: &spare)
+                    }
                 }
             } catch {
                 precondition(firstError == nil || firstError == error,
@@ -134,6 +169,9 @@ enum WireFuzzing {
         let returned = decoder.takeAllDescriptors()
         precondition(handedOut + returned == appended,
                      "WireFuzzing: descriptors \(appended) came out as \(handedOut) + \(returned)")
+        outcome.error = firstError
+        outcome.returned = returned
+        return outcome
     }
 
     /// Appends `chunk` as one read, copied in or read in place.
@@ -154,7 +192,7 @@ enum WireFuzzing {
     /// after a greeting and read in the script's chunk sizes with each frame's descriptors
     /// arriving with its first byte, decode to exactly themselves: decode(encode(m)) == m.
     private static func exerciseEncoded(_ frames: [WireFrame], direction: WireDirection, script: UnsafeRawBufferPointer,
-                                        limits: WireLimits, readInPlace: Bool) {
+                                        limits: WireLimits, readInPlace: Bool, usualFirst: Bool) {
         var bytes: [UInt8] = []
         WireEncoder.appendGreeting(.current(pid: 7, uid: 8), to: &bytes)
         var expected: [WireEvent] = [.greeting(.current(pid: 7, uid: 8))]
@@ -190,6 +228,7 @@ enum WireFuzzing {
 
         var decoder = WireDecoder(limits: limits, direction: direction)
         var events: [WireEvent] = []
+        var spare: [UInt8] = []
         var offset = 0
         var step = 0
         var startIndex = 0
@@ -208,7 +247,7 @@ enum WireFuzzing {
                 feed(&decoder, UnsafeRawBufferPointer(rebasing: stream[offset..<offset + size]), inPlace: readInPlace)
                 offset += size
                 do {
-                    while let event = try decoder.next() {
+                    while let event = try nextEvent(&decoder, usualFirst: usualFirst, spare: &spare) {
                         check(event, endingAt: offset - decoder.bufferedByteCount, in: stream, limits: limits,
                               direction: direction)
                         events.append(event)
