@@ -713,10 +713,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             while index < ready.count {
                 let connection = ready[index]
                 guard let message = connection.dequeue() else {
-                    // The last one (the usual case, one ready connection) without shifting.
-                    if index == ready.count - 1 { ready.removeLast() } else { ready.remove(at: index) }
-                    connection.isListedReady = false
-                    connectionDrained(connection)
+                    unlistReady(at: index)
                     continue
                 }
                 index += 1
@@ -730,6 +727,13 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
                 var delivered = consume message
                 if var bytes = delivered.body.takeBytes() { SpareBytes.keep(&bytes, in: &readBuffer.spare) }
                 if !isValid { return }
+                // Its last message delivered, the connection leaves the list now rather than on
+                // the next round. (A handler only ever appends to the list, or empties it when
+                // it invalidates the port, so the connection is still where it was.)
+                if !connection.hasQueuedMessages {
+                    index -= 1
+                    unlistReady(at: index)
+                }
             }
         }
     }
@@ -758,6 +762,17 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             }
         }
         return delivered
+    }
+
+    /// Takes the connection at `index` of the ready list off it, its queue empty (see
+    /// `connectionDrained`). Out of line: once a delivery round, and its code would otherwise
+    /// sit twice among the delivery's.
+    @inline(never)
+    private func unlistReady(at index: Int) {
+        // The last one (the usual case, one ready connection) without shifting.
+        let connection = index == ready.count - 1 ? ready.removeLast() : ready.remove(at: index)
+        connection.isListedReady = false
+        connectionDrained(connection)
     }
 
     /// A connection's queue is empty: reading resumes if it had paused, and a connection that

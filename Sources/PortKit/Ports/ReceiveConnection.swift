@@ -59,8 +59,7 @@ final class ReceiveConnection {
     let fd: Int32
     @exclusivity(unchecked) var decoder: WireDecoder
     @exclusivity(unchecked) var source: PKDescriptorSource!
-    @exclusivity(unchecked) private var queue: [PKPortMessage] = []
-    @exclusivity(unchecked) private var queueHead = 0
+    @exclusivity(unchecked) private var queue = MessageQueue()
     @exclusivity(unchecked) private var queuedBytes = 0
     private let maxQueuedMessages: Int
     private let maxQueuedBytes: Int
@@ -127,7 +126,7 @@ final class ReceiveConnection {
         // The right to answer goes first, so that the rights in undelivered messages released
         // next say nothing on a channel that is ending.
         pendingReply?.void()
-        queue = []
+        queue.removeAll()
         replyWriter?.abandon(reason: "the connection the request came in on has ended")
         replyWriter = nil
         Descriptor.close(fd)
@@ -182,50 +181,71 @@ final class ReceiveConnection {
     }
 
     private func decodeAvailable(reusing spare: inout [UInt8]) -> ReadOutcome {
-        // Each frame is decoded into these, and its payload moved out of them into its message.
-        var frame = WireFrame(msgid: 0)
-        var descriptors: [Int32] = []
         while true {
-            // The usual frame skips the general decoding (the same message either way).
+            // The usual frame skips the general decoding (the same message either way), and a
+            // read that held only usual frames ends here.
             if let usual = decoder.nextUsualFrame(reusing: &spare) {
                 enqueue(PKPortMessage(msgid: usual.msgid, data: usual.bytes))
                 continue
             }
-            let found: WireDecoder.Found?
-            do throws(WireError) { found = try decoder.next(frame: &frame, descriptors: &descriptors, reusing: &spare) } catch {
-                return .failed(error.description)
+            if decoder.isDrained { break }
+            let other = decodeOther(reusing: &spare)
+            if case .failed(let failure) = other { return .failed(failure) }
+            if case .needsBytes = other { break }
+        }
+        if queue.count >= maxQueuedMessages || queuedBytes >= maxQueuedBytes {
+            pauseReading()
+            return .paused
+        }
+        return .more
+    }
+
+    /// What `decodeOther` did.
+    private enum OtherOutcome {
+        /// Decoded a greeting or a frame (and acted on it).
+        case decoded
+        /// The buffer holds no complete greeting or frame.
+        case needsBytes
+        /// The peer broke the protocol.
+        case failed(String)
+    }
+
+    /// Decodes the next greeting or frame that is not the usual one, through the general
+    /// decoding: the greeting, control frames, ports, reply ports, requests. Out of line: the
+    /// usual message never comes here, and this code would sit among its.
+    @inline(never)
+    private func decodeOther(reusing spare: inout [UInt8]) -> OtherOutcome {
+        // The frame is decoded into these, and its payload moved out of them into its message.
+        var frame = WireFrame(msgid: 0)
+        var descriptors: [Int32] = []
+        let found: WireDecoder.Found?
+        do throws(WireError) { found = try decoder.next(frame: &frame, descriptors: &descriptors, reusing: &spare) } catch {
+            return .failed(error.description)
+        }
+        switch found {
+        case nil:
+            return .needsBytes
+        case .greeting(let greeting):
+            greetingDeadline = nil
+            if let peer, greeting.uid != peer.uid || greeting.pid != UInt32(bitPattern: peer.pid) {
+                return .failed(Self.credentialsMismatch(greeting, peer))
             }
-            guard let found else { break }
-            switch found {
-            case .greeting(let greeting):
-                greetingDeadline = nil
-                if let peer, greeting.uid != peer.uid || greeting.pid != UInt32(bitPattern: peer.pid) {
-                    return .failed(Self.credentialsMismatch(greeting, peer))
-                }
-            case .frame:
-                switch frame.controlCode {
-                case .attachSender:
-                    // The one descriptor is a new sender for this port.
-                    attached.append(contentsOf: descriptors)
-                    continue
-                case .replyCancelled:
-                    if let ticket = pendingReply, ticket.token == frame.replyToken { ticket.void() }
-                    continue
-                case .noReply:
-                    continue  // the decoder admits none towards a port
-                case nil:
-                    break
-                }
+        case .frame:
+            switch frame.controlCode {
+            case .attachSender:
+                // The one descriptor is a new sender for this port.
+                attached.append(contentsOf: descriptors)
+            case .replyCancelled:
+                if let ticket = pendingReply, ticket.token == frame.replyToken { ticket.void() }
+            case .noReply:
+                break  // the decoder admits none towards a port
+            case nil:
                 var message = Self.message(taking: &frame, descriptors: descriptors)
                 if frame.repliesBack { message.replyPort = replyRight(token: frame.replyToken) }
                 enqueue(message)
             }
         }
-        if queue.count - queueHead >= maxQueuedMessages || queuedBytes >= maxQueuedBytes {
-            pauseReading()
-            return .paused
-        }
-        return .more
+        return .decoded
     }
 
     /// Why a greeting whose claim the kernel contradicts is refused. Out of line: its string
@@ -303,18 +323,12 @@ final class ReceiveConnection {
     }
 
     func dequeue() -> PKPortMessage? {
-        guard queueHead < queue.count else { return nil }
-        let message = queue.takeMessage(at: queueHead)
-        queueHead += 1
+        guard let message = queue.popFirst() else { return nil }
         queuedBytes -= message.dataByteCount
-        if queueHead == queue.count {
-            queue.removeAllKeepingStorage()
-            queueHead = 0
-        }
         return message
     }
 
-    var hasQueuedMessages: Bool { queueHead < queue.count }
+    var hasQueuedMessages: Bool { !queue.isEmpty }
 
     private func pauseReading() {
         guard !readingPaused else { return }
@@ -333,7 +347,7 @@ final class ReceiveConnection {
     /// sit among the delivery's, which runs for every message.
     @inline(never)
     private func resumeIfBelowLimits() {
-        guard !failed, queue.count - queueHead < maxQueuedMessages, queuedBytes < maxQueuedBytes else { return }
+        guard !failed, queue.count < maxQueuedMessages, queuedBytes < maxQueuedBytes else { return }
         readingPaused = false
         source.events = .readable
     }

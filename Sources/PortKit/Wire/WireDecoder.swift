@@ -230,6 +230,14 @@ struct WireDecoder {
         return (found.msgid, found.bytes)
     }
 
+    /// Nothing to decode and nothing to check: open, with no byte buffered and no descriptor
+    /// queued. `next()` would return `nil` (with an empty buffer its one check counts the
+    /// descriptors that arrived ahead of their frames, and there are none), so a reader that
+    /// has taken its usual frames can stop without asking it.
+    var isDrained: Bool {
+        if case .open = state { buffer.count == 0 && descriptors.count == 0 } else { false }
+    }
+
     /// Tells the decoder the stream ended (EOF); call it once `next()` has returned `nil`.
     ///
     /// Ending before the first byte, or right after a frame, is a clean close: the decoder is

@@ -233,3 +233,36 @@ struct WireUsualFrameTests {
         }
     }
 }
+
+@Suite("Wire: a drained decoder")
+struct WireDrainedDecoderTests {
+    @Test("drained only when open with no byte and no descriptor left, and then next() has nothing")
+    func drained() throws {
+        var decoder = WireDecoder()
+        #expect(!decoder.isDrained, "awaiting its greeting")
+        let frame = encodeStream([WireFrame(msgid: 1, components: [.data([1, 2])])], greeting: false)
+        encodeStream([]).withUnsafeBytes { decoder.append(bytes: $0) }
+        #expect(!decoder.isDrained, "a greeting buffered")
+        #expect(try decoder.next() == .greeting(testGreeting))
+        #expect(decoder.isDrained)
+        #expect(try decoder.next() == nil)
+        frame.prefix(5).withUnsafeBytes { decoder.append(bytes: $0) }
+        #expect(!decoder.isDrained, "part of a frame buffered")
+        frame.dropFirst(5).withUnsafeBytes { decoder.append(bytes: $0) }
+        var spare: [UInt8] = []
+        #expect(decoder.nextUsualFrame(reusing: &spare)?.msgid == 1)
+        #expect(decoder.isDrained)
+        decoder.append(descriptors: [1000])
+        #expect(!decoder.isDrained, "a descriptor ahead of its frame")
+        #expect(try decoder.next() == nil)
+        _ = decoder.takeAllDescriptors()
+        #expect(decoder.isDrained)
+        try decoder.finish()
+        #expect(!decoder.isDrained, "closed")
+
+        var failed = WireDecoder()
+        [0, 1, 2, 3].withUnsafeBytes { failed.append(bytes: $0) }
+        #expect(throws: WireError.self) { try failed.next() }
+        #expect(!failed.isDrained, "failed")
+    }
+}
