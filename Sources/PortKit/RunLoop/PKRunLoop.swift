@@ -125,7 +125,13 @@ public final class PKRunLoop: @unchecked Sendable {
     @exclusivity(unchecked) private var spareSignalled: [PKCustomSource] = []
     /// The other half of `invalidatedSources`' buffer.
     @exclusivity(unchecked) private var spareInvalidated: [PKCustomSource] = []
-    @exclusivity(unchecked) private(set) var currentMode: PKRunLoopMode?
+    /// The record of the mode the innermost run is in; `nil` when the loop is not running.
+    /// Unowned and unsafe, so that setting it costs a run no reference counting: each record
+    /// stored here is held by the run that stored it (its `record`), which puts the outer run's
+    /// back before it returns. Loop-only.
+    @exclusivity(unchecked) private unowned(unsafe) var currentRecord: ModeRecord?
+    /// The mode the innermost run is in; `nil` when the loop is not running. Loop-only.
+    var currentMode: PKRunLoopMode? { currentRecord?.mode }
     /// The read area every connection of this loop reads into while it holds no partial frame
     /// (`WireDecoder.withBorrowedStorage`), so an idle connection costs no read buffer.
     @exclusivity(unchecked) private var readStorage: [UInt8] = []
@@ -212,11 +218,14 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     /// One run's buffers for `epoll_wait`, reused by every run at that nesting depth.
-    private final class EventBuffer {
+    /// Where one run depth's `epoll_wait` reports: raw memory the loop frees in its deinit. A
+    /// value of two pointers, so a pass reads it without a retain and a release (a class did).
+    private struct EventBuffer {
         static let capacity: Int32 = 64
         let events = UnsafeMutablePointer<UInt32>.allocate(capacity: Int(capacity))
         let tokens = UnsafeMutablePointer<UInt64>.allocate(capacity: Int(capacity))
-        deinit {
+
+        func deallocate() {
             events.deallocate()
             tokens.deallocate()
         }
@@ -229,6 +238,7 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     deinit {
+        for buffer in eventBuffers { buffer.deallocate() }
         if timerFD >= 0 { Descriptor.close(timerFD) }
         if deadlineFD >= 0 { Descriptor.close(deadlineFD) }
         let epoll = epollDescriptor.load(ordering: .acquiring)
@@ -412,8 +422,8 @@ public final class PKRunLoop: @unchecked Sendable {
             consumeStaleWake()
             return .finished
         }
-        let previous = currentMode
-        currentMode = mode
+        let previous = currentRecord
+        currentRecord = record
         // Signalled sources of this mode may have been skipped while another mode ran: those
         // wait in `deferredSignalled`. (Every other signal sets the hint itself.)
         if !deferredSignalled.isEmpty { doorbell.signalHint.store(true, ordering: .releasing) }
@@ -421,7 +431,7 @@ public final class PKRunLoop: @unchecked Sendable {
         defer {
             if !pendingWrites.isEmpty { flushPendingWrites() }
             runDepth -= 1
-            currentMode = previous
+            currentRecord = previous
             // A nested run may have deferred signalled sources of the outer mode: the hint
             // makes the outer pass look at them before it sleeps. (Descriptor sources it parked
             // are watched again before the outer pass's wait.)
@@ -431,7 +441,7 @@ public final class PKRunLoop: @unchecked Sendable {
             // when its next timer is due, now or once it is hosted. Any other run arms for its
             // mode before it sleeps, and so does the pass a nested run returns to.
             if hosted.load(ordering: .relaxed) {
-                armTimer(for: previous ?? mode)
+                armTimer(for: previous ?? record)
                 // Nor does a host's descriptor turn readable for a deadline no run waits for
                 // (armed before the loop became hosted: a hosted loop never arms it).
                 if previous == nil { disarmDeadline() }
@@ -496,7 +506,7 @@ public final class PKRunLoop: @unchecked Sendable {
         let hostRecord = armedRecord
         let result = run(in: mode, until: deadline, returnAfterSourceHandled: returnAfterSourceHandled)
         if result == .stopped { stop() }
-        guard currentMode == nil else { return result }
+        guard currentRecord == nil else { return result }
         // (Hosted may have begun during the run: a handler read `descriptor`.)
         if hosted.load(ordering: .relaxed) {
             armTimer(for: hostRecord)
@@ -890,12 +900,23 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     private func handleDescriptorEvent(token: UInt64, mask: UInt32, mode: PKRunLoopMode) -> Bool {
-        guard let source = descriptorSource(token) else { return false }
-        guard source.isIn(mode) else {
-            park(source)
+        guard let slot = descriptorSlot(token) else { return false }
+        // The source is read where its slot holds it, not taken out (a retain and a release of
+        // it): its handler, taken out, keeps what it needs alive while it runs.
+        var parks = false
+        let handler = descriptorSlots.withUnsafeBufferPointer { slots -> ((PKIOEvents, PKRunLoop) -> Void)? in
+            guard let source = slots[slot], source.token == token else { return nil }
+            guard source.isIn(mode) else {
+                parks = true
+                return nil
+            }
+            return source.handler
+        }
+        guard let handler else {
+            if parks, let source = descriptorSource(token) { park(source) }
             return false
         }
-        source.handler(PKDescriptorSource.events(fromEpoll: mask), self)
+        handler(PKDescriptorSource.events(fromEpoll: mask), self)
         return true
     }
 
