@@ -265,9 +265,14 @@ final class SendConnection: @unchecked Sendable {
         /// the connection: an array here cost a send about 250 instructions and two locked ones
         /// (emptied, grown with zeros, moved in and out of the state).
         var scratch = UnsafeMutableRawBufferPointer(start: nil, count: 0)
-        /// When bytes were last written to the socket (monotonic nanoseconds; 0: never): unread
-        /// bytes in it are ours, and worth asking about only if that was recent.
+        /// When bytes were last written to the socket by a thread without a loop, or by a flush
+        /// (monotonic nanoseconds; 0: never, or unknown): unread bytes in it are ours, and worth
+        /// asking about only if that was recent.
         var lastWriteAt: UInt64 = 0
+        /// The loop of the thread that made the last direct write, if it has one, and its
+        /// `waits` then: for such a thread, "recent" is "since its loop last waited".
+        var writerLoop: ObjectIdentifier?
+        var writerWaits: UInt64 = 0
         /// Someone (a loop) will write the pending bytes.
         var flushScheduled = false
         /// The loop and pass of this connection's last direct write from a running loop.
@@ -389,7 +394,8 @@ final class SendConnection: @unchecked Sendable {
     /// the connection's encoding area, so a send copies its payload once.
     func write(_ frame: some WireEncodable, descriptors: [Int32], before deadline: PKDeadline) throws(PKError) {
         let size = frame.encodedSize
-        let loop = PKRunLoop.runningOnCurrentThread
+        let here = PKRunLoop.onCurrentThread
+        let loop = here?.isRunning == true ? here : nil
         let loopID = loop?.id
         // The lock is held only for steps that do not wait: a sender waiting for room never
         // holds up the loop that flushes this connection's pending bytes.
@@ -413,23 +419,25 @@ final class SendConnection: @unchecked Sendable {
                 // The receiver has not read what we wrote last: it is busy (or already woken
                 // for it) and will not read this sooner, so it waits with the frames that
                 // follow and goes out with them in one write, waking the receiver once. Asked
-                // (an ioctl) only when that write was recent: a stream's sends come microseconds
-                // apart, while a round trip's next send comes after the answer, when the
-                // receiver has read everything (a system call per message saved there).
-                if descriptors.isEmpty && state.lastWriteAt != 0
-                    && monotonicNanoseconds() &- state.lastWriteAt < Self.recentWriteNanoseconds
-                    && Socket.unsentBytes(fd) > 0 {
+                // (an ioctl) only when that write was recent (`wroteRecently`): a stream's sends
+                // come microseconds apart, while a round trip's next send comes after the
+                // answer, when the receiver has read everything (a system call per message
+                // saved there).
+                if descriptors.isEmpty && Self.wroteRecently(state, here) && Socket.unsentBytes(fd) > 0 {
                     return appendPending(frame, &state, deadline: deadline)
                 }
                 if let loop {
                     state.directLoop = loopID
                     state.directPass = loop.pass
                 }
+                // A thread with a loop dates its write by the loop's waits, with no clock.
+                state.writerLoop = here?.id
+                state.writerWaits = here?.waits ?? 0
                 let (area, isTemporary) = Self.encodingArea(size, &state)
                 defer { if isTemporary { area.deallocate() } }
                 frame.encode(size: size, into: area)
                 let bytes = UnsafeRawBufferPointer(rebasing: area[..<size])
-                let written = try writeLocked(&state, bytes, descriptors: descriptors)
+                let written = try writeLocked(&state, bytes, descriptors: descriptors, clock: here == nil)
                 if written == 0 && !descriptors.isEmpty { return .needRoom }  // nothing went out
                 guard written < size else { return .sent(flush: false) }
                 // The socket is full: the rest waits with the frames that follow.
@@ -454,6 +462,16 @@ final class SendConnection: @unchecked Sendable {
                 try waitForRoom(until: deadline)
             }
         }
+    }
+
+    /// Whether the connection's last write may still be unread, and so worth asking about:
+    /// for a thread with a loop that made it, if that loop has not waited since (a loop that
+    /// waited for something since is not streaming on this connection, and its reader had that
+    /// time; a round trip's next send comes after such a wait, and reads no clock); for any
+    /// other, if it was written within `recentWriteNanoseconds`.
+    private static func wroteRecently(_ state: State, _ here: PKRunLoop.ThreadLoop?) -> Bool {
+        if let here, state.writerLoop == here.id { return state.writerWaits == here.waits }
+        return state.lastWriteAt != 0 && monotonicNanoseconds() &- state.lastWriteAt < recentWriteNanoseconds
     }
 
     private enum WriteStep {
@@ -610,8 +628,11 @@ final class SendConnection: @unchecked Sendable {
         return try result.get()
     }
 
-    /// `writeLocked(_:_:from:descriptors:)` for bytes in memory the caller holds.
-    private func writeLocked(_ state: inout State, _ bytes: UnsafeRawBufferPointer, from start: Int = 0, descriptors: [Int32] = []) throws(PKError) -> Int {
+    /// `writeLocked(_:_:from:descriptors:)` for bytes in memory the caller holds. `clock`: a
+    /// write dates itself in `lastWriteAt` (a direct write by a thread with a loop is dated by
+    /// the loop's waits instead, and leaves it 0).
+    private func writeLocked(_ state: inout State, _ bytes: UnsafeRawBufferPointer, from start: Int = 0, descriptors: [Int32] = [],
+                             clock: Bool = true) throws(PKError) -> Int {
         var offset = start
         var attach = descriptors
         while offset < bytes.count {
@@ -630,7 +651,7 @@ final class SendConnection: @unchecked Sendable {
             case .done(let n):
                 offset += n
                 attach = []
-                state.lastWriteAt = monotonicNanoseconds()
+                state.lastWriteAt = clock ? monotonicNanoseconds() : 0
             case .wouldBlock:
                 return offset
             }

@@ -150,6 +150,11 @@ public final class PKRunLoop: @unchecked Sendable {
     @exclusivity(unchecked) var blockedWrites: [Int32: SendConnection] = [:]
     /// Counts passes, so a connection knows whether it was written to in the current one.
     @exclusivity(unchecked) private(set) var passNumber: UInt64 = 0
+    /// How many times the loop has waited for something to happen, or been entered from outside
+    /// any run (where the thread may have waited for other things, as a host's passes do): a
+    /// send on the loop's thread asks whether its connection's last write is still unread only
+    /// if the loop has not waited since (see `SendConnection.write`). Loop-only.
+    @exclusivity(unchecked) private(set) var waits: UInt64 = 0
     @exclusivity(unchecked) private var armedTimer: UInt64?
     /// When the earliest timer is due, if the loop could not arm the timerfd for it (out of
     /// descriptors): the pass's wait then ends by that time itself.
@@ -427,6 +432,7 @@ public final class PKRunLoop: @unchecked Sendable {
         // Signalled sources of this mode may have been skipped while another mode ran: those
         // wait in `deferredSignalled`. (Every other signal sets the hint itself.)
         if !deferredSignalled.isEmpty { doorbell.signalHint.store(true, ordering: .releasing) }
+        if runDepth == 0 { waits &+= 1 }
         runDepth += 1
         defer {
             if !pendingWrites.isEmpty { flushPendingWrites() }
@@ -542,7 +548,8 @@ public final class PKRunLoop: @unchecked Sendable {
             let pollOnly = handledSource || hasPendingWork(mode)
             armTimer(for: record)
             if !pendingWrites.isEmpty { flushPendingWrites() }
-            var timeout: Int32 = pollOnly ? 0 : sleepTimeout(until: deadline)
+            let unobserved = record.observedActivities.isDisjoint(with: [.beforeWaiting, .afterWaiting])
+            var timeout: Int32 = pollOnly ? 0 : sleepTimeout(until: deadline, unobserved: unobserved)
             // A pass that will not sleep (something ready, or the deadline passed) does not say so.
             let sleeps = timeout != 0
             if sleeps {
@@ -566,7 +573,7 @@ public final class PKRunLoop: @unchecked Sendable {
                         armTimer(for: record)  // the timers may have changed
                         // And the deadline's timerfd: a nested run may have read it, or armed it
                         // for its own deadline.
-                        timeout = sleepTimeout(until: deadline)
+                        timeout = sleepTimeout(until: deadline, unobserved: unobserved)
                     }
                     if !pendingWrites.isEmpty { flushPendingWrites() }
                 }
@@ -581,6 +588,7 @@ public final class PKRunLoop: @unchecked Sendable {
             // nothing it could report: a pass that does not sleep skips the system call.
             var epoll = epollDescriptor.load(ordering: .acquiring)
             if epoll < 0 && timeout != 0 { epoll = makeKernelObjectsOrNap(timeout) }
+            if timeout != 0 { waits &+= 1 }
             let count = epoll < 0 ? 0 : (try? Epoll.wait(epoll, events: readyEvents, tokens: readyTokens, capacity: capacity, timeoutMilliseconds: timeout)) ?? 0
             if sleeps { notifyObservers(.afterWaiting, record) }
 
@@ -631,8 +639,18 @@ public final class PKRunLoop: @unchecked Sendable {
     /// a timerfd (out of descriptors) the epoll timeout bounds the wait, and so it does on a
     /// hosted loop, whose host must not be woken by a deadline no run waits for (its requests'
     /// waits are not the guide's hot path).
-    private func sleepTimeout(until deadline: PKDeadline) -> Int32 {
+    ///
+    /// `unobserved`: no observer of the mode watches the wait. Then, while the timerfd is armed
+    /// at this deadline or an earlier one and not yet read, it ends the wait by the deadline,
+    /// and at once if the deadline has passed (it is then readable): the clock is not read
+    /// (a call into the kernel's clock per message, about 26 ns on the machine of
+    /// docs/performance.md). A pass whose deadline has passed then waits for that timerfd
+    /// instead of polling, which only an observer of the wait could tell.
+    private func sleepTimeout(until deadline: PKDeadline, unobserved: Bool) -> Int32 {
         if deadline.uptimeNanoseconds == .max { return -1 }  // .distantFuture
+        if unobserved, let armed = armedDeadline, armed <= deadline.uptimeNanoseconds, !hosted.load(ordering: .relaxed) {
+            return -1
+        }
         let now = monotonicNanoseconds()
         let timeout = deadline.pollTimeoutMilliseconds(now: now)
         if timeout == 0 || hosted.load(ordering: .relaxed) { return timeout }
@@ -952,36 +970,40 @@ public final class PKRunLoop: @unchecked Sendable {
 
     // MARK: - Coalesced writes
 
-    /// The calling thread's loop while it runs (inside a pass), not retained: the thread's slot
-    /// holds the loop until the thread ends, and a loop, having weak references, is costly to
-    /// retain. Valid on the calling thread for as long as it is on the stack.
-    struct Running {
+    /// The calling thread's loop, running or not, not retained: the thread's slot holds the
+    /// loop until the thread ends, and a loop, having weak references, is costly to retain.
+    /// Valid on the calling thread for as long as it is on the stack.
+    struct ThreadLoop {
         /// The loop's identity.
         let id: ObjectIdentifier
-        /// The pass the loop is in.
+        /// Whether the loop is running (inside a pass).
+        let isRunning: Bool
+        /// The pass the loop is in, when it is running.
         let pass: UInt64
+        /// How many times the loop has waited (see `waits`).
+        let waits: UInt64
         private let loop: Unmanaged<PKRunLoop>
 
-        fileprivate init(_ loop: Unmanaged<PKRunLoop>, id: ObjectIdentifier, pass: UInt64) {
+        fileprivate init(_ loop: Unmanaged<PKRunLoop>, _ running: PKRunLoop) {
             self.loop = loop
-            self.id = id
-            self.pass = pass
+            self.id = ObjectIdentifier(running)
+            self.isRunning = running.runDepth > 0
+            self.pass = running.passNumber
+            self.waits = running.waits
         }
 
         /// A send on this thread left bytes pending on `connection`: the loop writes them
-        /// before it next waits.
+        /// before it next waits. Only while the loop is running.
         func notePendingWrite(_ connection: SendConnection) {
             loop._withUnsafeGuaranteedRef { $0.pendingWrites.append(connection) }
         }
     }
 
-    /// The calling thread's loop if it is running: where a send may leave bytes pending for the
-    /// loop to write (see `SendConnection.write`).
-    static var runningOnCurrentThread: Running? {
+    /// The calling thread's loop, if it has one: where a send may leave bytes pending for the
+    /// loop to write, and whether the loop waited since a write (see `SendConnection.write`).
+    static var onCurrentThread: ThreadLoop? {
         guard let unmanaged = ThreadLocalLoop.getUnmanaged() else { return nil }
-        return unmanaged._withUnsafeGuaranteedRef { loop in
-            loop.runDepth > 0 ? Running(unmanaged, id: ObjectIdentifier(loop), pass: loop.passNumber) : nil
-        }
+        return unmanaged._withUnsafeGuaranteedRef { ThreadLoop(unmanaged, $0) }
     }
 
     /// Writes every connection's pending bytes the sockets take now; a connection whose socket
