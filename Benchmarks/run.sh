@@ -51,7 +51,9 @@ mkdir -p "$OUT"
 rm -f "$OUT"/*.influx.csv "$OUT"/extra.jsonl "$OUT"/interleaved.jsonl "$OUT"/activity.log "$OUT"/callgrind.json "$OUT"/meta.json "$OUT"/expected.txt "$OUT"/callgrind-profile-*.txt
 
 echo "== build (release${TRAITS[*]:+, ${TRAITS[*]}})" >&2
-swift build -c release "${TRAITS[@]}" --product pkbench 2>&1 | grep -Ev "prohibited flag|^\[[0-9]+/[0-9]+\]" >&2 || true
+# A failed build must stop the run: the binary of an earlier build would be measured instead.
+swift build -c release "${TRAITS[@]}" --product pkbench 2>&1 | { grep -Ev "prohibited flag|^\[[0-9]+/[0-9]+\]" >&2 || true; }
+[ "${PIPESTATUS[0]}" = 0 ] || { echo "run.sh: the build failed; nothing was measured" >&2; exit 1; }
 BIN=$(swift build -c release "${TRAITS[@]}" --show-bin-path)
 export PKBENCH="$BIN/pkbench"
 [ -x "$PKBENCH" ] || { echo "run.sh: $PKBENCH was not built" >&2; exit 1; }

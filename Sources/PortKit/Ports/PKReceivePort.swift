@@ -728,9 +728,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
                 if var bytes = delivered.body.takeBytes() { SpareBytes.keep(&bytes, in: &readBuffer.spare) }
                 if !isValid { return }
                 // Its last message delivered, the connection leaves the list now rather than on
-                // the next round. (A handler only ever appends to the list, or empties it when
-                // it invalidates the port, so the connection is still where it was.)
-                if !connection.hasQueuedMessages {
+                // the next round. (A handler appends to the list, or empties it; if the
+                // connection is not where it was, the next round sees to it.)
+                if !connection.hasQueuedMessages, index <= ready.count, ready[index - 1] === connection {
                     index -= 1
                     unlistReady(at: index)
                 }

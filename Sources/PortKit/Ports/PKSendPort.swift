@@ -265,12 +265,12 @@ final class SendConnection: @unchecked Sendable {
         /// the connection: an array here cost a send about 250 instructions and two locked ones
         /// (emptied, grown with zeros, moved in and out of the state).
         var scratch = UnsafeMutableRawBufferPointer(start: nil, count: 0)
-        /// When bytes were last written to the socket by a thread without a loop, or by a flush
-        /// (monotonic nanoseconds; 0: never, or unknown): unread bytes in it are ours, and worth
-        /// asking about only if that was recent.
+        /// When bytes were last written to the socket (monotonic nanoseconds; 0: never, or by
+        /// a running loop, which dates its writes by `writerWaits` instead): unread bytes in it
+        /// are ours, and worth asking about only if that was recent (see `wroteRecently`).
         var lastWriteAt: UInt64 = 0
         /// The loop of the thread that made the last direct write, if it has one, and its
-        /// `waits` then: for such a thread, "recent" is "since its loop last waited".
+        /// `waits` then.
         var writerLoop: ObjectIdentifier?
         var writerWaits: UInt64 = 0
         /// Someone (a loop) will write the pending bytes.
@@ -430,14 +430,14 @@ final class SendConnection: @unchecked Sendable {
                     state.directLoop = loopID
                     state.directPass = loop.pass
                 }
-                // A thread with a loop dates its write by the loop's waits, with no clock.
                 state.writerLoop = here?.id
                 state.writerWaits = here?.waits ?? 0
                 let (area, isTemporary) = Self.encodingArea(size, &state)
                 defer { if isTemporary { area.deallocate() } }
                 frame.encode(size: size, into: area)
                 let bytes = UnsafeRawBufferPointer(rebasing: area[..<size])
-                let written = try writeLocked(&state, bytes, descriptors: descriptors, clock: here == nil)
+                // A running loop dates its write by its waits alone (see `wroteRecently`).
+                let written = try writeLocked(&state, bytes, descriptors: descriptors, clock: loop == nil)
                 if written == 0 && !descriptors.isEmpty { return .needRoom }  // nothing went out
                 guard written < size else { return .sent(flush: false) }
                 // The socket is full: the rest waits with the frames that follow.
@@ -464,13 +464,19 @@ final class SendConnection: @unchecked Sendable {
         }
     }
 
-    /// Whether the connection's last write may still be unread, and so worth asking about:
-    /// for a thread with a loop that made it, if that loop has not waited since (a loop that
-    /// waited for something since is not streaming on this connection, and its reader had that
-    /// time; a round trip's next send comes after such a wait, and reads no clock); for any
-    /// other, if it was written within `recentWriteNanoseconds`.
-    private static func wroteRecently(_ state: State, _ here: PKRunLoop.ThreadLoop?) -> Bool {
-        if let here, state.writerLoop == here.id { return state.writerWaits == here.waits }
+    /// Whether the connection's last write may still be unread, and so worth asking about,
+    /// for a send on the thread whose loop is `here` (if it has one). Not if this thread's loop
+    /// made it and has waited since (for events, or outside any run): a loop that waited is
+    /// not streaming on this connection, and its reader had that time; a round trip's next
+    /// send comes after such a wait, and so reads no clock. Yes if a running loop made it and
+    /// has not waited since: its passes since ran back to back (and it writes what it leaves
+    /// pending before it waits). Otherwise, if it was written within `recentWriteNanoseconds`.
+    static func wroteRecently(_ state: State, _ here: PKRunLoop.ThreadLoop?) -> Bool {
+        if let here, state.writerLoop == here.id {
+            if state.writerWaits != here.waits { return false }
+            // Equal waits while running: the write was made in this run (entering one counts).
+            if here.isRunning { return true }
+        }
         return state.lastWriteAt != 0 && monotonicNanoseconds() &- state.lastWriteAt < recentWriteNanoseconds
     }
 
@@ -629,8 +635,8 @@ final class SendConnection: @unchecked Sendable {
     }
 
     /// `writeLocked(_:_:from:descriptors:)` for bytes in memory the caller holds. `clock`: a
-    /// write dates itself in `lastWriteAt` (a direct write by a thread with a loop is dated by
-    /// the loop's waits instead, and leaves it 0).
+    /// write dates itself in `lastWriteAt` (a direct write by a running loop is dated by the
+    /// loop's waits instead, and leaves it 0).
     private func writeLocked(_ state: inout State, _ bytes: UnsafeRawBufferPointer, from start: Int = 0, descriptors: [Int32] = [],
                              clock: Bool = true) throws(PKError) -> Int {
         var offset = start

@@ -269,18 +269,11 @@ extension PKRunLoop {
     /// The source a token names, if it is still in the loop.
     @inline(__always)
     func descriptorSource(_ token: UInt64) -> PKDescriptorSource? {
-        guard let slot = descriptorSlot(token), let source = descriptorSlots[slot], source.token == token else { return nil }
-        return source
-    }
-
-    /// The index in `descriptorSlots` that `token` names, if it is one (the slot may be empty,
-    /// or hold a later source: compare its token).
-    @inline(__always)
-    func descriptorSlot(_ token: UInt64) -> Int? {
         let low = token & 0xFFFF_FFFF
         guard low >= Token.firstSource else { return nil }
         let slot = Int(low - Token.firstSource)
-        return slot < descriptorSlots.count ? slot : nil
+        guard slot < descriptorSlots.count, let source = descriptorSlots[slot], source.token == token else { return nil }
+        return source
     }
 
     func register(_ source: PKDescriptorSource) throws(PKError) {

@@ -73,8 +73,9 @@ public final class PKRunLoop: @unchecked Sendable {
     /// runs until `.distantFuture`, such as a worker's, costs two descriptors and no more system
     /// calls than it needs).
     @exclusivity(unchecked) private var timerFD: Int32 = -1
-    /// A second timerfd, for the deadline of a run (see `sleepTimeout(until:)`), made when a
-    /// run with a deadline other than `.distantFuture` first sleeps on a loop not hosted.
+    /// A second timerfd, for the deadline of a run (see `sleepTimeout(until:unobserved:)`),
+    /// made when a run with a deadline other than `.distantFuture` first sleeps on a loop not
+    /// hosted.
     @exclusivity(unchecked) private var deadlineFD: Int32 = -1
     /// When `deadlineFD` fires: the deadline of the run that last armed it (`nil`: disarmed, or
     /// fired and read).
@@ -918,23 +919,14 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     private func handleDescriptorEvent(token: UInt64, mask: UInt32, mode: PKRunLoopMode) -> Bool {
-        guard let slot = descriptorSlot(token) else { return false }
-        // The source is read where its slot holds it, not taken out (a retain and a release of
-        // it): its handler, taken out, keeps what it needs alive while it runs.
-        var parks = false
-        let handler = descriptorSlots.withUnsafeBufferPointer { slots -> ((PKIOEvents, PKRunLoop) -> Void)? in
-            guard let source = slots[slot], source.token == token else { return nil }
-            guard source.isIn(mode) else {
-                parks = true
-                return nil
-            }
-            return source.handler
-        }
-        guard let handler else {
-            if parks, let source = descriptorSource(token) { park(source) }
+        // The source is held while its handler runs (as CFRunLoop holds a source it calls out
+        // to): a handler may remove it, and still use it.
+        guard let source = descriptorSource(token) else { return false }
+        guard source.isIn(mode) else {
+            park(source)
             return false
         }
-        handler(PKDescriptorSource.events(fromEpoll: mask), self)
+        source.handler(PKDescriptorSource.events(fromEpoll: mask), self)
         return true
     }
 
@@ -984,12 +976,12 @@ public final class PKRunLoop: @unchecked Sendable {
         let waits: UInt64
         private let loop: Unmanaged<PKRunLoop>
 
-        fileprivate init(_ loop: Unmanaged<PKRunLoop>, _ running: PKRunLoop) {
-            self.loop = loop
-            self.id = ObjectIdentifier(running)
-            self.isRunning = running.runDepth > 0
-            self.pass = running.passNumber
-            self.waits = running.waits
+        fileprivate init(_ unmanaged: Unmanaged<PKRunLoop>, _ loop: PKRunLoop) {
+            self.loop = unmanaged
+            self.id = ObjectIdentifier(loop)
+            self.isRunning = loop.runDepth > 0
+            self.pass = loop.passNumber
+            self.waits = loop.waits
         }
 
         /// A send on this thread left bytes pending on `connection`: the loop writes them
