@@ -52,8 +52,10 @@ rm -f "$OUT"/*.influx.csv "$OUT"/extra.jsonl "$OUT"/interleaved.jsonl "$OUT"/act
 
 echo "== build (release${TRAITS[*]:+, ${TRAITS[*]}})" >&2
 # A failed build must stop the run: the binary of an earlier build would be measured instead.
-swift build -c release "${TRAITS[@]}" --product pkbench 2>&1 | { grep -Ev "prohibited flag|^\[[0-9]+/[0-9]+\]" >&2 || true; }
-[ "${PIPESTATUS[0]}" = 0 ] || { echo "run.sh: the build failed; nothing was measured" >&2; exit 1; }
+if ! swift build -c release "${TRAITS[@]}" --product pkbench 2>&1 | { grep -Ev "prohibited flag|^\[[0-9]+/[0-9]+\]" >&2 || true; }; then
+    echo "run.sh: the build failed; nothing was measured" >&2
+    exit 1
+fi
 BIN=$(swift build -c release "${TRAITS[@]}" --show-bin-path)
 export PKBENCH="$BIN/pkbench"
 [ -x "$PKBENCH" ] || { echo "run.sh: $PKBENCH was not built" >&2; exit 1; }
