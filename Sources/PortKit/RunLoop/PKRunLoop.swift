@@ -154,7 +154,7 @@ public final class PKRunLoop: @unchecked Sendable {
     /// How many times the loop has waited for something to happen, or been entered from outside
     /// any run (where the thread may have waited for other things, as a host's passes do): a
     /// send on the loop's thread asks whether its connection's last write is still unread only
-    /// if the loop has not waited since (see `SendConnection.write`). Loop-only.
+    /// if the loop has not waited since (see `SendConnection.wroteRecently`). Loop-only.
     @exclusivity(unchecked) private(set) var waits: UInt64 = 0
     @exclusivity(unchecked) private var armedTimer: UInt64?
     /// When the earliest timer is due, if the loop could not arm the timerfd for it (out of

@@ -172,8 +172,6 @@ protocol WireEncodable: Sendable {
     /// Writes the frame, whose `encodedSize` is `size`, at the start of `raw` (which must have
     /// room for it).
     func encode(size: Int, into raw: UnsafeMutableRawBufferPointer)
-    /// How many descriptors travel with the frame.
-    var descriptorCount: Int { get }
 }
 
 extension WireFrame: WireEncodable {
@@ -194,6 +192,5 @@ struct WirePlainFrame: WireEncodable, @unchecked Sendable {
     let payload: UnsafeRawBufferPointer
 
     var encodedSize: Int { WireFormat.frameHeaderByteCount + WireFormat.componentHeaderByteCount + payload.count }
-    var descriptorCount: Int { 0 }
     func encode(size: Int, into raw: UnsafeMutableRawBufferPointer) { WireEncoder.encode(self, size: size, into: raw) }
 }

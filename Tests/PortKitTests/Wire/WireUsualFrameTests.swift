@@ -24,7 +24,6 @@ struct WireUsualFrameTests {
             payload.withUnsafeBytes { raw in
                 let plain = WirePlainFrame(msgid: msgid, payload: raw)
                 #expect(plain.encodedSize == expected.count)
-                #expect(plain.descriptorCount == 0)
                 var appended: [UInt8] = [0xEE]  // after bytes already there, as pending bytes are
                 WireEncoder.appendEncoded(plain, to: &appended)
                 #expect(appended == [0xEE] + expected, "size \(size)")
