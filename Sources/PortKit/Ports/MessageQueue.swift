@@ -19,9 +19,8 @@ struct MessageQueue: ~Copyable {
     init() {}
 
     deinit {
-        guard let storage else { return }
-        for index in 0..<count { (storage + ((head + index) & (capacity - 1))).deinitialize(count: 1) }
-        storage.deallocate()
+        destroyMessages()
+        storage?.deallocate()
     }
 
     var isEmpty: Bool { count == 0 }
@@ -44,12 +43,15 @@ struct MessageQueue: ~Copyable {
 
     /// Destroys every queued message, keeping the memory.
     mutating func removeAll() {
-        while count > 0 {
-            (storage! + head).deinitialize(count: 1)
-            head = (head + 1) & (capacity - 1)
-            count -= 1
-        }
+        destroyMessages()
+        count = 0
         head = 0
+    }
+
+    /// Deinitializes the `count` messages from `head` (the caller forgets them).
+    private func destroyMessages() {
+        guard let storage else { return }
+        for index in 0..<count { (storage + ((head + index) & (capacity - 1))).deinitialize(count: 1) }
     }
 
     /// Twice the room (8 at first), the messages moved to its start in order. Out of line: a

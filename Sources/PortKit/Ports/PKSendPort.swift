@@ -270,14 +270,12 @@ final class SendConnection: @unchecked Sendable {
         /// are ours, and worth asking about only if that was recent (see `wroteRecently`).
         var lastWriteAt: UInt64 = 0
         /// The loop of the thread that made the last direct write, if it has one, and its
-        /// `waits` then.
+        /// `waits` and pass then.
         var writerLoop: ObjectIdentifier?
         var writerWaits: UInt64 = 0
+        var writerPass: UInt64 = 0
         /// Someone (a loop) will write the pending bytes.
         var flushScheduled = false
-        /// The loop and pass of this connection's last direct write from a running loop.
-        var directLoop: ObjectIdentifier?
-        var directPass: UInt64 = 0
         /// The reply channel's reader while no request holds it (made on first use).
         var replyChannel: ReplyChannelReader?
         var replyChannelClaimed = false
@@ -396,7 +394,6 @@ final class SendConnection: @unchecked Sendable {
         let size = frame.encodedSize
         let here = PKRunLoop.onCurrentThread
         let loop = here?.isRunning == true ? here : nil
-        let loopID = loop?.id
         // The lock is held only for steps that do not wait: a sender waiting for room never
         // holds up the loop that flushes this connection's pending bytes.
         while true {
@@ -404,7 +401,8 @@ final class SendConnection: @unchecked Sendable {
                 if let reason = state.invalidReason {
                     throw PKError(.invalidPort, "cannot send: \(reason)")
                 }
-                let corked = loopID != nil && state.directLoop == loopID && state.directPass == loop!.pass
+                // Inside a pass that already wrote directly to this connection.
+                let corked = loop != nil && state.writerLoop == loop!.id && state.writerPass == loop!.pass
                 if descriptors.isEmpty && (!state.pending.isEmpty || corked) {
                     if !state.pending.isEmpty && state.pending.count + size > Self.pendingLimit {
                         try flushLocked(&state, until: .distantPast, failOnTimeout: false)
@@ -426,12 +424,9 @@ final class SendConnection: @unchecked Sendable {
                 if descriptors.isEmpty && Self.wroteRecently(state, here) && Socket.unsentBytes(fd) > 0 {
                     return appendPending(frame, &state, deadline: deadline)
                 }
-                if let loop {
-                    state.directLoop = loopID
-                    state.directPass = loop.pass
-                }
                 state.writerLoop = here?.id
                 state.writerWaits = here?.waits ?? 0
+                state.writerPass = here?.pass ?? 0
                 let (area, isTemporary) = Self.encodingArea(size, &state)
                 defer { if isTemporary { area.deallocate() } }
                 frame.encode(size: size, into: area)
