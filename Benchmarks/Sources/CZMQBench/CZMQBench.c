@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 static int counter;
@@ -41,6 +42,7 @@ struct cz_rt {
     cb_gate *gate;
     int failed;
     int64_t elapsed;
+    char bound[256];   // the ipc:// or tcp:// endpoint the client bound, or empty
 };
 
 static void echo_loop(void *sock, size_t size) {
@@ -114,10 +116,17 @@ cz_rt *cz_inproc_rt_new(int client_cpu, int server_cpu, size_t size) {
 }
 
 static int bind_and_name(void *sock, const char *endpoint, char *actual, size_t cap) {
+    actual[0] = 0;
     if (zmq_bind(sock, endpoint) != 0) return -1;
     size_t len = cap;
     if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, actual, &len) != 0) return -1;
     return 0;
+}
+
+// A bound ipc:// endpoint's socket file outlives the socket here (libzmq 4.3.4, the peer killed):
+// remove it once the context is gone, so that no run leaves files in /tmp.
+static void remove_ipc_file(const char *endpoint) {
+    if (strncmp(endpoint, "ipc://", 6) == 0) unlink(endpoint + 6);
 }
 
 cz_rt *cz_proc_rt_new(const char *helper, const char *endpoint, int client_cpu, int server_cpu, size_t size) {
@@ -128,10 +137,11 @@ cz_rt *cz_proc_rt_new(const char *helper, const char *endpoint, int client_cpu, 
     rt->sock = zmq_socket(rt->ctx, ZMQ_PAIR);
     pin_end(&scope);
     set_linger0(rt->sock);
-    char actual[256];
-    if (bind_and_name(rt->sock, endpoint, actual, sizeof actual) != 0) {
+    char *actual = rt->bound;
+    if (bind_and_name(rt->sock, endpoint, actual, sizeof rt->bound) != 0) {
         zmq_close(rt->sock);
         zmq_ctx_term(rt->ctx);
+        remove_ipc_file(actual);
         free(rt);
         return NULL;
     }
@@ -170,6 +180,7 @@ void cz_rt_free(cz_rt *rt) {
         zmq_close(rt->peer);
     }
     zmq_ctx_term(rt->ctx);
+    remove_ipc_file(rt->bound);
     cb_gate_free(rt->gate);
     free(rt);
 }
@@ -198,6 +209,7 @@ struct cz_stream {
     cb_gate *gate;
     int failed;
     int64_t elapsed;
+    char bound[256], bound_ack[256];   // the endpoints the sender bound, or empty
 };
 
 static void sink_loop(void *in, void *ack_out, size_t size) {
@@ -282,12 +294,14 @@ cz_stream *cz_proc_stream_new(const char *helper, const char *endpoint, const ch
     pin_end(&scope);
     set_linger0(st->out);
     set_linger0(st->ack);
-    char actual[256], actual_ack[256];
-    if (bind_and_name(st->out, endpoint, actual, sizeof actual) != 0 ||
-        bind_and_name(st->ack, ack_endpoint, actual_ack, sizeof actual_ack) != 0) {
+    char *actual = st->bound, *actual_ack = st->bound_ack;
+    if (bind_and_name(st->out, endpoint, actual, sizeof st->bound) != 0 ||
+        bind_and_name(st->ack, ack_endpoint, actual_ack, sizeof st->bound_ack) != 0) {
         zmq_close(st->out);
         zmq_close(st->ack);
         zmq_ctx_term(st->ctx);
+        remove_ipc_file(actual);
+        remove_ipc_file(actual_ack);
         free(st);
         return NULL;
     }
@@ -328,6 +342,8 @@ void cz_stream_free(cz_stream *st) {
         zmq_close(st->peer);
     }
     zmq_ctx_term(st->ctx);
+    remove_ipc_file(st->bound);
+    remove_ipc_file(st->bound_ack);
     cb_gate_free(st->gate);
     free(st);
 }
