@@ -5,7 +5,11 @@ import PortKit
 
 /// ZeroMQ heartbeats (ZMTP 3.1 PING/PONG, `ZMQ_HEARTBEAT_IVL`/`_TIMEOUT`/`_TTL`): how a peer
 /// that went silent without closing its connection (a crashed host, a cut cable, a stopped
-/// process) is noticed.
+/// process) is noticed over `tcp://`.
+///
+/// `ipc://` connections and binds have none: their peer is on this host, whose kernel reports
+/// its death at once, and a stopped local process is alive, as with PortKit's Unix-socket
+/// ports (protocol.md 10.5).
 public struct PKZMQHeartbeat: Sendable, Equatable {
     /// How often each side sends a PING when the connection is otherwise quiet. Default 1 s.
     public var interval: Duration
@@ -48,7 +52,8 @@ public enum PKZMQTransport {
         var replyHost: String?
     }
 
-    /// The heartbeats of every socket made from now on (receive ports and connections).
+    /// The heartbeats of every `tcp://` bind and connection made from now on (receive ports,
+    /// the reply port, connections to ports); `ipc://` ones have none.
     public static var heartbeat: PKZMQHeartbeat {
         get { settings.withLock { $0.heartbeat } }
         set { settings.withLock { $0.heartbeat = newValue } }

@@ -11,18 +11,26 @@ import PortKitZeroMQ
 @Suite struct ZMQLivenessTests {
     static let heartbeat = PKZMQHeartbeat(interval: .milliseconds(200), timeout: .milliseconds(600))
 
-    /// Spawns a peer holding a port, connects to it, and returns the time from `signal` to the
-    /// send right's invalidation watch firing.
-    static func timeToNotice(_ signal: Int32, endpoint: String = "tcp://127.0.0.1:*") throws -> Duration {
+    /// Spawns a peer holding a port at `endpoint` (with the short heartbeat set), connects a
+    /// right to it, proves the connection with a request, and runs `body` on a loop thread.
+    static func withAnsweringPeer<R: Sendable>(
+        _ endpoint: String, _ body: @escaping @Sendable (PKRunLoop, ZMQPeerProcess, PKZMQSendPort) throws -> R
+    ) throws -> R {
         PKZMQTransport.heartbeat = heartbeat
         let peer = try ZMQPeerProcess(["hold", endpoint])
-        let bound = try peer.expectLine(startingWith: "ready")
         defer { peer.kill(SIGKILL) }
+        let bound = try peer.expectLine(startingWith: "ready")
         return try onLoopThread { loop in
             let right = try PKZMQSendPort(connectingTo: bound)
-            // A request proves the connection is up before the peer goes.
             let reply = try right.sendRequest(PKZMQMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
             try IsolatedRun.require(reply?.msgid == 1, "the peer did not answer")
+            return try body(loop, peer, right)
+        }
+    }
+
+    /// The time from `signal` to a peer to its send right's invalidation watch firing.
+    static func timeToNotice(_ signal: Int32, endpoint: String = "tcp://127.0.0.1:*") throws -> Duration {
+        try withAnsweringPeer(endpoint) { loop, peer, right in
             var noticedAt: PKDeadline?
             let watch = try right.watchInvalidation(on: loop, forMode: .default) { noticedAt = .now }
             let sentAt = PKDeadline.now
@@ -61,16 +69,34 @@ import PortKitZeroMQ
         IsolatedRun.check(result)
     }
 
+    /// Over ipc:// there are no heartbeats (protocol.md 10.5): a stopped process on this host is
+    /// alive, as a stopped owner of a Unix-socket port is. Its right stays valid past the
+    /// heartbeat bound, and the peer answers once it continues.
+    @Test func aStoppedPeerOverIPCIsAlive() async {
+        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+            IsolatedRun.report {
+                try ZMQLivenessTests.withAnsweringPeer("ipc://@portkit-zmq-test-stop-\(getpid())") { loop, peer, right in
+                    var noticed = false
+                    let watch = try right.watchInvalidation(on: loop, forMode: .default) { noticed = true }
+                    peer.kill(SIGSTOP)
+                    // Twice the heartbeat bound: heartbeats would have ended the connection.
+                    let until = PKDeadline.after(ZMQLivenessTests.heartbeat.bound * 2)
+                    while !until.hasPassed && !noticed { loop.run(in: .default, until: until) }
+                    try IsolatedRun.require(!noticed && right.isValid, "a stopped ipc:// peer was taken for dead")
+                    peer.kill(SIGCONT)
+                    let later = try right.sendRequest(PKZMQMessage(msgid: 2), sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+                    try IsolatedRun.require(later?.msgid == 2, "the continued peer did not answer")
+                    watch.cancel()
+                }
+            }
+        }
+        IsolatedRun.check(result)
+    }
+
     @Test func requestToAPeerThatFallsSilentFailsWithPortInvalidated() async {
         let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
             IsolatedRun.report {
-                PKZMQTransport.heartbeat = ZMQLivenessTests.heartbeat
-                let peer = try ZMQPeerProcess(["hold", "tcp://127.0.0.1:*"])
-                defer { peer.kill(SIGKILL) }
-                let bound = try peer.expectLine(startingWith: "ready")
-                try onLoopThread { _ in
-                    let right = try PKZMQSendPort(connectingTo: bound)
-                    _ = try right.sendRequest(PKZMQMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+                try ZMQLivenessTests.withAnsweringPeer("tcp://127.0.0.1:*") { _, peer, right in
                     peer.kill(SIGSTOP)
                     // The stopped peer cannot answer; the heartbeat ends the wait long before its timeout.
                     let started = PKDeadline.now

@@ -1,8 +1,8 @@
 #if ZeroMQ
 // The name service's server: a ZeroMQ receive port that maps names to ports (endpoints) for
 // processes on any host. A registration lives as long as the server's connection to the
-// registered port: when that port's owner dies (noticed at once) or falls silent (within the
-// heartbeat bound), the name goes.
+// registered port: when that port's owner dies (noticed at once) or, over tcp://, falls silent
+// (within the heartbeat bound), the name goes.
 
 import Logging
 import PortKit
@@ -12,8 +12,8 @@ import PortKit
 /// Schedule it on a run loop with `PKRunLoop.add(_:forMode:)`, like a port; it answers
 /// `PKZMQNameService` requests while the loop runs. To register, the service connects to the
 /// port being registered and answers only once the ZMTP handshake succeeded (or says the port
-/// is unreachable after `registrationTimeout`); from then on its heartbeats watch the port's
-/// owner, and the name is dropped when that connection dies. A second registrant of a live
+/// is unreachable after `registrationTimeout`); from then on the connection watches the port's
+/// owner (with heartbeats over `tcp://`), and the name is dropped when that connection dies. A second registrant of a live
 /// name gets `.nameInUse`. Names follow the name server's rule: 1 to 64 characters from
 /// `A-Z a-z 0-9 . _ -`, not starting with a dot. Its requests and replies are in protocol.md,
 /// section 10.10.

@@ -23,7 +23,7 @@ public struct PKZMQNameService: Sendable {
 
     /// Registers `port` under `name`. Returns once the server has connected to the port: from
     /// then on, the name lasts until `unregister`, the port's invalidation, or its owner's death
-    /// or silence (the server's heartbeats stop being answered).
+    /// or, over `tcp://`, silence (the server's heartbeats stop being answered).
     ///
     /// - Throws: `.nameInUse` (a live owner holds the name), `.badName`, `.transport` (the server
     ///   could not reach the port), `.sendTimedOut`/`.receiveTimedOut` (no server answered),

@@ -14,10 +14,10 @@
 // "Batches over ZeroMQ".
 //
 // Its monitor tells it when the peer goes: once connected (the ZMTP handshake succeeded), a
-// disconnection, whether the peer closed, died or fell silent past the heartbeat timeout, kills
-// the connection for good, as the death of a Mach port's receiver kills its send rights. A
-// connection that never succeeded keeps trying (ZeroMQ connects in the background); its
-// messages wait for it until their send deadline.
+// disconnection, whether the peer closed, died or (over tcp://) fell silent past the heartbeat
+// timeout, kills the connection for good, as the death of a Mach port's receiver kills its send
+// rights. A connection that never succeeded keeps trying (ZeroMQ connects in the background);
+// its messages wait for it until their send deadline.
 
 import Logging
 import PortKit
@@ -83,6 +83,7 @@ final class ZMQConnection: @unchecked Sendable {
         self.endpoint = endpoint
         let push = try ZMQSocket.sending(limits: limits)
         let monitor = try ZMQMonitor(monitoring: push)
+        try push.setHeartbeats(toward: endpoint)
         try push.connect(endpoint.description)
         interrupt = try InterruptSignal()
         sending = ZMQMutex(Sending(socket: push))

@@ -208,7 +208,10 @@ final class ZMQInbox: @unchecked Sendable {
                 throw PKError(.invalidPort, "cannot bind \(endpoint): the port was invalidated")
             }
             wake = io.wake
-            do throws(PKError) { try socket.bind(endpoint.description) } catch {
+            do throws(PKError) {
+                try socket.setHeartbeats(toward: endpoint)
+                try socket.bind(endpoint.description)
+            } catch {
                 claim?.release()
                 throw error
             }

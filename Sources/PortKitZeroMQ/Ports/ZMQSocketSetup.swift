@@ -7,12 +7,12 @@ import PortKit
 extension ZMQSocket {
     /// A PULL socket for a receive port: `ZMQ_MAXMSGSIZE` from the largest frame the limits
     /// allow, or a batch's if larger (libzmq drops the connection of a peer that sends a bigger
-    /// one), `ZMQ_RCVHWM` from `maxQueuedMessages` (frames: a batch counts one), heartbeats.
+    /// one), `ZMQ_RCVHWM` from `maxQueuedMessages` (frames: a batch counts one). Heartbeats
+    /// are set at each bind (`setHeartbeats(toward:)`).
     static func receiving(limits: PKPortLimits) throws(PKError) -> ZMQSocket {
         let socket = try ZMQSocket(.pull)
         try socket.setOption(ZMQOption.maxMessageSize, int64: Int64(ZMQWireLimits(limits).largestAcceptedFrame))
         try socket.setOption(ZMQOption.receiveHighWaterMark, Int32(clamping: limits.maxQueuedMessages))
-        try socket.applyHeartbeat(PKZMQTransport.heartbeat)
         return socket
     }
 
@@ -23,7 +23,8 @@ extension ZMQSocket {
 
     /// A PUSH socket for the connection behind send rights: `ZMQ_SNDHWM` from
     /// `maxQueuedMessages`, `ZMQ_IMMEDIATE` (a message waits for a live connection instead of
-    /// queueing toward a peer that is not there), `ZMQ_LINGER` `closingLinger`, heartbeats.
+    /// queueing toward a peer that is not there), `ZMQ_LINGER` `closingLinger`. Heartbeats are
+    /// set before it connects (`setHeartbeats(toward:)`).
     static func sending(limits: PKPortLimits) throws(PKError) -> ZMQSocket {
         let socket = try ZMQSocket(.push)
         try socket.setOption(ZMQOption.linger, closingLinger)
@@ -31,14 +32,20 @@ extension ZMQSocket {
         try socket.setOption(ZMQOption.immediate, 1)
         try socket.setOption(ZMQOption.reconnectInterval, 100)
         try socket.setOption(ZMQOption.reconnectIntervalMax, 1000)
-        try socket.applyHeartbeat(PKZMQTransport.heartbeat)
         return socket
     }
 
-    private func applyHeartbeat(_ heartbeat: PKZMQHeartbeat) throws(PKError) {
-        try setOption(ZMQOption.heartbeatInterval, heartbeat.intervalMilliseconds)
-        try setOption(ZMQOption.heartbeatTimeout, heartbeat.timeoutMilliseconds)
-        try setOption(ZMQOption.heartbeatTTL, heartbeat.ttlMilliseconds)
+    /// Sets the heartbeats of the next bind or connect to `endpoint` (libzmq copies a socket's
+    /// options into each listener and connection as it makes them): `PKZMQTransport.heartbeat`
+    /// toward `tcp://`, none toward `ipc://` (protocol.md 10.5). An `ipc://` peer is on this
+    /// host: its kernel reports its death at once, and a stopped local process is alive, as
+    /// with PortKit's Unix-socket ports. A pending heartbeat timer would also make libzmq's I/O
+    /// thread sleep with a timeout, a kernel timer armed and cancelled at every wake-up.
+    func setHeartbeats(toward endpoint: ZMQEndpoint) throws(PKError) {
+        let heartbeat: PKZMQHeartbeat? = if case .tcp = endpoint { PKZMQTransport.heartbeat } else { nil }
+        try setOption(ZMQOption.heartbeatInterval, heartbeat?.intervalMilliseconds ?? 0)
+        try setOption(ZMQOption.heartbeatTimeout, heartbeat?.timeoutMilliseconds ?? 0)
+        try setOption(ZMQOption.heartbeatTTL, heartbeat?.ttlMilliseconds ?? 0)
     }
 }
 #endif
