@@ -41,6 +41,14 @@ public final class PKDescriptorSource: @unchecked Sendable {
     /// weak references, is costly to retain, and the weak `loop` below costs a load as well).
     let handler: (PKIOEvents, PKRunLoop) -> Void
     let cancelHandler: (() -> Void)?
+
+    /// Calls the handler. A method, so that the call borrows the handler from the source its
+    /// caller holds: called through the property, the handler's context was retained and
+    /// released around every call.
+    @inline(never)
+    func callHandler(_ events: PKIOEvents, _ loop: PKRunLoop) {
+        handler(events, loop)
+    }
     weak var loop: PKRunLoop?
     @exclusivity(unchecked) var token: UInt64 = 0
     /// The modes the source is in (a few at most: an array, compared without hashing).

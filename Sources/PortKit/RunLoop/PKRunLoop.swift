@@ -926,7 +926,7 @@ public final class PKRunLoop: @unchecked Sendable {
             park(source)
             return false
         }
-        source.handler(PKDescriptorSource.events(fromEpoll: mask), self)
+        source.callHandler(PKDescriptorSource.events(fromEpoll: mask), self)
         return true
     }
 
