@@ -42,8 +42,8 @@ public struct PKZMQHeartbeat: Sendable, Equatable {
     }
 }
 
-/// Process-wide settings of the ZeroMQ transport. Each applies to the sockets made after it is
-/// set; set them before making ports.
+/// Process-wide settings of the ZeroMQ transport. Each applies to the binds and connections
+/// made after it is set; set them before making ports.
 public enum PKZMQTransport {
     private static let settings = ZMQMutex<Settings>(Settings())
 

@@ -245,9 +245,9 @@ import PortKit
     /// A sender waiting for room toward a receiver that reads nothing holds its connection's
     /// lock, and the flusher, which serves every connection, must not wait for that lock:
     /// another connection's batch goes out meanwhile; once the receiver reads, every message
-    /// its sender sent arrives. (libzmq's heartbeats let the stuck sender through about once a
-    /// second, so a flusher that did wait would hold the other batch up for that long, not for
-    /// good: this test cannot tell it, and does not measure the delay.)
+    /// its sender sent arrives. (The stalled port is bound over `ipc://`, which has no
+    /// heartbeats: nothing lets the stuck sender through, so a flusher that waited for its lock
+    /// would hold the other batch up for good, past the burst's 20 s.)
     @Test func aReceiverThatIsBehindLosesNothingAndOtherConnectionsBatchesStillGo() throws {
         try onLoopThread { loop in
             var small = PKPortLimits()

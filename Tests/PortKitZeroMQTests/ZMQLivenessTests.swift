@@ -1,7 +1,8 @@
 #if ZeroMQ
 // A peer that dies or falls silent is noticed: kill -9 at once (its kernel closes the
-// connection), a stopped process within the heartbeat bound. Each test sets a short heartbeat,
-// a process-wide setting, so it runs in a child process of its own (IsolatedRun).
+// connection), a stopped process over tcp:// within the heartbeat bound; over ipc:// a stopped
+// process is alive (no heartbeats). Each test sets a short heartbeat, a process-wide setting,
+// so it runs in a child process of its own (IsolatedRun).
 
 import Testing
 import Foundation
@@ -11,8 +12,9 @@ import PortKitZeroMQ
 @Suite struct ZMQLivenessTests {
     static let heartbeat = PKZMQHeartbeat(interval: .milliseconds(200), timeout: .milliseconds(600))
 
-    /// Spawns a peer holding a port at `endpoint` (with the short heartbeat set), connects a
-    /// right to it, proves the connection with a request, and runs `body` on a loop thread.
+    /// Sets this process's heartbeat to the short one (the peer keeps the default), spawns a
+    /// peer holding a port at `endpoint`, connects a right to it, proves the connection with a
+    /// request, and runs `body` on a loop thread.
     static func withAnsweringPeer<R: Sendable>(
         _ endpoint: String, _ body: @escaping @Sendable (PKRunLoop, ZMQPeerProcess, PKZMQSendPort) throws -> R
     ) throws -> R {
@@ -71,7 +73,9 @@ import PortKitZeroMQ
 
     /// Over ipc:// there are no heartbeats (protocol.md 10.5): a stopped process on this host is
     /// alive, as a stopped owner of a Unix-socket port is. Its right stays valid past the
-    /// heartbeat bound, and the peer answers once it continues.
+    /// heartbeat bound, and the peer answers once it continues. (It fails with heartbeats on
+    /// either side: this process's connection to the peer, or its reply port's listener, which
+    /// would drop the peer's connection that carries the reply.)
     @Test func aStoppedPeerOverIPCIsAlive() async {
         let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
             IsolatedRun.report {

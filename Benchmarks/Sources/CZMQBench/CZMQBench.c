@@ -118,15 +118,17 @@ cz_rt *cz_inproc_rt_new(int client_cpu, int server_cpu, size_t size) {
 static int bind_and_name(void *sock, const char *endpoint, char *actual, size_t cap) {
     actual[0] = 0;
     if (zmq_bind(sock, endpoint) != 0) return -1;
+    snprintf(actual, cap, "%s", endpoint);  // what to remove, should the name not come back
     size_t len = cap;
     if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, actual, &len) != 0) return -1;
     return 0;
 }
 
-// A bound ipc:// endpoint's socket file outlives the socket here (libzmq 4.3.4, the peer killed):
-// remove it once the context is gone, so that no run leaves files in /tmp.
+// libzmq 4.3.4 leaves the socket file of a bound ipc:// path behind when the socket closes (it
+// removes only those of wildcard binds): remove it once the context is gone, so that no run
+// leaves files in /tmp. (An abstract name, ipc://@..., has no file.)
 static void remove_ipc_file(const char *endpoint) {
-    if (strncmp(endpoint, "ipc://", 6) == 0) unlink(endpoint + 6);
+    if (strncmp(endpoint, "ipc:///", 7) == 0) unlink(endpoint + 6);
 }
 
 cz_rt *cz_proc_rt_new(const char *helper, const char *endpoint, int client_cpu, int server_cpu, size_t size) {

@@ -82,8 +82,8 @@ final class ZMQConnection: @unchecked Sendable {
     init(endpoint: ZMQEndpoint, limits: PKPortLimits = .default) throws(PKError) {
         self.endpoint = endpoint
         let push = try ZMQSocket.sending(limits: limits)
-        let monitor = try ZMQMonitor(monitoring: push)
         try push.setHeartbeats(toward: endpoint)
+        let monitor = try ZMQMonitor(monitoring: push)
         try push.connect(endpoint.description)
         interrupt = try InterruptSignal()
         sending = ZMQMutex(Sending(socket: push))

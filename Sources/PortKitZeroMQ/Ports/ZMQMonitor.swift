@@ -1,8 +1,8 @@
 #if ZeroMQ
 // Reading a socket's connection events (zmq_socket_monitor) on the process's background loop:
-// how a connection learns that its peer has gone (closed, killed, or silent past the heartbeat
-// timeout). The reader ends itself when libzmq reports that monitoring stopped, which it does
-// when the monitored socket closes.
+// how a connection learns that its peer has gone (closed, killed, or, over tcp://, silent past
+// the heartbeat timeout). The reader ends itself when libzmq reports that monitoring stopped,
+// which it does when the monitored socket closes.
 
 import Logging
 import PortKit

@@ -1,6 +1,6 @@
 #if ZeroMQ
-// The options every PortKit ZeroMQ socket gets (protocol.md, "ZeroMQ mapping": limits and
-// heartbeats), set in one place.
+// The options PortKit's ZeroMQ sockets get (protocol.md, "ZeroMQ mapping": limits, and
+// heartbeats at each bind and connect), set in one place.
 
 import PortKit
 
