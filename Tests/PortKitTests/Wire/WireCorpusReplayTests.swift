@@ -1,37 +1,20 @@
 // Replays the wire fuzzer's seed corpus (Fuzz/Corpus/wire) through the same property the fuzzer
 // checks, `WireFuzzing.exercise`, on every `swift test`. A broken property traps, so a
-// regression fails the run at the input that shows it. The corpus is found from `#filePath`
-// rather than as a SwiftPM resource (and lives outside the test target, which would warn about
-// unhandled files); its seeds are written by Fuzz/make-corpus.swift, and crash inputs the fuzzer
-// finds (Fuzz/run.sh) are added as crash-* once fixed.
+// regression fails the run at the input that shows it (Support/FuzzCorpus.swift).
 
-import Foundation
 import Testing
 @testable import PortKit
 
 @Suite struct WireCorpusReplayTests {
-    /// The corpus directory: Fuzz/Corpus/wire, from Tests/PortKitTests/Wire/ (this file's folder).
-    static let corpus = URL(fileURLWithPath: #filePath)
-        .deletingLastPathComponent().deletingLastPathComponent()
-        .deletingLastPathComponent().deletingLastPathComponent()
-        .appendingPathComponent("Fuzz/Corpus/wire", isDirectory: true)
-
-    static func inputs() throws -> [URL] {
-        try FileManager.default.contentsOfDirectory(at: corpus, includingPropertiesForKeys: nil)
-            .filter { !$0.lastPathComponent.hasPrefix(".") }
-            .sorted { $0.lastPathComponent < $1.lastPathComponent }
-    }
+    static let corpus = FuzzCorpus("wire")
 
     @Test func corpusIsThere() throws {
         // Guards against replaying nothing when the directory moves.
-        #expect(try Self.inputs().count >= 18)
+        #expect(try Self.corpus.inputs().count >= 18)
     }
 
     @Test func replaysEveryInput() throws {
-        for url in try Self.inputs() {
-            let bytes = try Data(contentsOf: url)
-            bytes.withUnsafeBytes { WireFuzzing.exercise($0) }
-        }
+        try Self.corpus.replay { WireFuzzing.exercise($0) }
     }
 
     @Test func seedsReachTheirOutcome() throws {
@@ -39,14 +22,14 @@ import Testing
         // longer starts the fuzzer where it is meant to.
         let valid = ["attach-sender", "byte-by-byte", "empty-and-data-frames", "greeting-only",
                      "ports-and-reply-port", "reply-back-requests", "small-limits-at-limit", "split-in-place"]
-        for name in try Self.inputs().map(\.lastPathComponent)
+        for name in try Self.corpus.inputs().map(\.lastPathComponent)
         where !name.hasPrefix("crash-") && !name.hasPrefix("gen-") {
-            let bytes = try [UInt8](Data(contentsOf: Self.corpus.appendingPathComponent(name)))
+            let bytes = try Self.corpus.bytes(of: name)
             let failed = Self.fails(bytes)
             #expect(failed == !valid.contains(name), "\(name): decoder \(failed ? "failed" : "succeeded")")
         }
         // Answers are valid on a reply channel only.
-        let answers = try [UInt8](Data(contentsOf: Self.corpus.appendingPathComponent("reply-channel-answers")))
+        let answers = try Self.corpus.bytes(of: "reply-channel-answers")
         #expect(!Self.fails(answers, direction: .toRequester))
     }
 
