@@ -2,7 +2,7 @@
 // Replays the ZeroMQ fuzzer's seed corpus (Fuzz/Corpus/zmq) through the same property the fuzzer
 // checks, `ZMQFuzzing.exercise`, on every `swift test --traits ZeroMQ`. A broken property traps,
 // so a regression fails the run at the input that shows it. The seeds are written by
-// Fuzz/make-corpus.swift; crash inputs the fuzzer finds (Fuzz/run.sh zmq) are added as crash-*
+// Fuzz/make-corpus.swift; crash inputs the fuzzer finds (Fuzz/run.sh 60 zmq) are added as crash-*
 // once fixed.
 
 import Foundation
