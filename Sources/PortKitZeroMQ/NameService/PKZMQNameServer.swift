@@ -13,10 +13,10 @@ import PortKit
 /// `PKZMQNameService` requests while the loop runs. To register, the service connects to the
 /// port being registered and answers only once the ZMTP handshake succeeded (or says the port
 /// is unreachable after `registrationTimeout`); from then on the connection watches the port's
-/// owner (with heartbeats over `tcp://`), and the name is dropped when that connection dies. A second registrant of a live
-/// name gets `.nameInUse`. Names follow the name server's rule: 1 to 64 characters from
-/// `A-Z a-z 0-9 . _ -`, not starting with a dot. Its requests and replies are in protocol.md,
-/// section 10.10.
+/// owner (with heartbeats over `tcp://`), and the name is dropped when that connection dies.
+/// A second registrant of a live name gets `.nameInUse`. Names follow the name server's rule:
+/// 1 to 64 characters from `A-Z a-z 0-9 . _ -`, not starting with a dot. Its requests and
+/// replies are in protocol.md, section 10.10.
 ///
 /// - Warning: Loop-only once scheduled, but for `endpoint`, `invalidate()` and `isValid`.
 public final class PKZMQNameServer: @unchecked Sendable {

@@ -31,8 +31,8 @@ public final class PKZMQInvalidationWatch: Sendable {
 extension PKZMQSendPort {
     /// Calls `handler` once, on `loop`'s thread, when this right becomes invalid because its
     /// connection died: the port's owner invalidated it, its process died, or (over `tcp://`)
-    /// it fell silent past the heartbeat bound. If the connection is already dead, the handler runs on the
-    /// loop's next pass in `mode`. The watch is a source of `mode` until it fires or is
+    /// it fell silent past the heartbeat bound. If the connection is already dead, the handler
+    /// runs on the loop's next pass in `mode`. The watch is a source of `mode` until it fires or is
     /// cancelled. Loop-only (`loop` must be the calling thread's loop).
     ///
     /// - Parameters:

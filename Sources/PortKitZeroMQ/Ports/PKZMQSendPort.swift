@@ -15,11 +15,11 @@ import Synchronization
 ///
 /// A right becomes invalid when `invalidate()` is called on it (or a copy), or when its
 /// connection dies: the port's owner closed it, its process died (noticed at once on a live
-/// host), or, over `tcp://`, it fell silent past the heartbeat bound (`PKZMQTransport.heartbeat`;
-/// a stopped process on this host, reached over `ipc://`, is alive). Sending to
-/// an invalid right throws `.invalidPort`; it never raises a signal. A right to an endpoint
-/// that nobody has bound yet stays valid: ZeroMQ keeps connecting, and a send waits for the
-/// connection until its deadline.
+/// host), or, over `tcp://`, it fell silent past the heartbeat bound
+/// (`PKZMQTransport.heartbeat`; a stopped process on this host, reached over `ipc://`, is
+/// alive). Sending to an invalid right throws `.invalidPort`; it never raises a signal. A right
+/// to an endpoint that nobody has bound yet stays valid: ZeroMQ keeps connecting, and a send
+/// waits for the connection until its deadline.
 ///
 /// Two rights are equal when they name the same endpoint and port id.
 public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
