@@ -8,15 +8,15 @@ load, so this is the figure to compare between runs.
 
     callgrind.py PKBENCH OUTDIR [--short] [--n N] [--kinds K1,K2,...]
 
-Kinds (pkbench rt KIND): portkit-threads, c-threads, portkit-processes, c-processes (the
-default), and for profiles portkit-threads-idle1000, portkit-request-threads,
-portkit-request-processes,
+Kinds (pkbench rt KIND): portkit-threads, c-threads, cf-threads (CFRunLoop with the guide's
+custom input source), portkit-processes, c-processes (the default), and for profiles
+portkit-threads-idle1000, portkit-request-threads, portkit-request-processes,
 portkit-stream64-threads, portkit-stream64-processes, portkit-spawn, and with the ZeroMQ trait
 portkit-zmq-stream64 and zmq-stream64 (ipc:// streams; libzmq's I/O threads counted too).
 
-Writes OUTDIR/callgrind.json and, for PortKit's kinds, OUTDIR/callgrind-profile-KIND.txt: the
-per-function difference between the two runs divided by N (exclusive and inclusive), that is
-where PortKit's round trip spends its instructions.
+Writes OUTDIR/callgrind.json and, for PortKit's kinds and CFRunLoop's,
+OUTDIR/callgrind-profile-KIND.txt: the per-function difference between the two runs divided by
+N (exclusive and inclusive), that is where the round trip spends its instructions.
 
 Also counts the locked instructions per round trip (a `lock` prefix, or `xchg` with memory:
 atomic read-modify-writes, each a full barrier costing about 4.7 ns on these machines against
@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 
-KINDS = ["portkit-threads", "c-threads", "portkit-processes", "c-processes"]
+KINDS = ["portkit-threads", "c-threads", "cf-threads", "portkit-processes", "c-processes"]
 LINE = re.compile(r"^\s*([\d,]+)\s+(?:\([^)]*\)\s+)?(\S.*)$")
 
 
@@ -239,7 +239,8 @@ def profile(small, large, n, path, kind, locked_by_function, lines_by_function):
     lines.append("## by category (exclusive instructions of the functions so named)")
     for title, value in sorted(totals.items(), key=lambda item: -item[1]):
         lines.append(f"{value:10.0f}  {title}")
-    lines.append(f"{other:10.0f}  everything else (PortKit's own code, Swift stdlib algorithms, ...)")
+    own = "CoreFoundation's and libdispatch's code" if kind.startswith("cf-") else "PortKit's own code"
+    lines.append(f"{other:10.0f}  everything else ({own}, Swift stdlib algorithms, ...)")
     lines.append(f"{sum(totals.values()) + other:10.0f}  total")
     lines.append("")
     for inclusive in (False, True):
@@ -286,7 +287,7 @@ def main():
                              "code_lines_by_object": lines_by_object}
             print(f"  {kind:18s} {(large - small) / n:10.0f} instructions per round trip, {locked_total:.1f} locked, "
                   f"{lines_total} code lines", file=sys.stderr)
-            if kind.startswith("portkit"):
+            if kind.startswith("portkit") or kind.startswith("cf-"):
                 profile(small_files, large_files, n, os.path.join(outdir, f"callgrind-profile-{kind}.txt"), kind,
                         locked_by_function, lines_by_function)
         except Exception as error:  # record and go on: one failing kind must not hide the others

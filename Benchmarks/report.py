@@ -19,6 +19,7 @@ import sys
 RULES = [
     ("Round trip 64 B, threads", "rt.threads", "portkit", "rt.threads", "socketpair", "latency", 1.10),
     ("Round trip 64 B, threads", "rt.threads", "portkit", "rt.threads", "zmq-inproc", "latency", 1.00),
+    ("Round trip 64 B, threads", "rt.threads", "portkit", "rt.threads", "cfrunloop", "latency", None),
     ("Round trip 64 B, processes", "rt.processes", "portkit", "rt.processes", "unix-socket", "latency", 1.15),
     ("Round trip 64 B, processes", "rt.processes", "portkit", "rt.processes", "zmq-ipc", "latency", 0.50),
     ("Round trip 64 B, processes", "rt.processes", "portkit", "rt.processes", "zmq-tcp", "latency", None),
@@ -53,6 +54,7 @@ BASELINE_LABEL = {
     "zmq-tcp": "libzmq PAIR tcp:// loopback",
     "zmq-ipc-pushpull": "libzmq PUSH/PULL ipc://",
     "pthread+byte": "pthread_create + 1 socketpair byte (C)",
+    "cfrunloop": "CFRunLoop + the guide's custom input source",
 }
 
 
@@ -196,6 +198,13 @@ def main():
                 out.append(f"| {title} | {placement} | {fmt_rate(pk['p50']) if pk else ''} | {label} (send side only) | {fmt_rate(ns)} | {ratio} | | | (no target) | |")
 
     # Instructions per round trip (callgrind).
+    def shown(entry):
+        locked = entry.get("locked_per_round_trip")
+        lines = entry.get("code_lines_per_round_trip")
+        extra = [f"{locked:.0f} locked"] if locked is not None else []
+        extra += [f"{lines} code lines"] if lines is not None else []
+        return f"{entry['per_round_trip']:.0f}" + (f" ({'; '.join(extra)})" if extra else "")
+
     for side in ("threads", "processes"):
         pk = callgrind.get(f"portkit-{side}", {})
         c = callgrind.get(f"c-{side}", {})
@@ -206,16 +215,13 @@ def main():
             ok = ratio <= 3.0
             total += 1
             met += ok
-            def shown(entry):
-                locked = entry.get("locked_per_round_trip")
-                lines = entry.get("code_lines_per_round_trip")
-                extra = [f"{locked:.0f} locked"] if locked is not None else []
-                extra += [f"{lines} code lines"] if lines is not None else []
-                return f"{entry['per_round_trip']:.0f}" + (f" ({'; '.join(extra)})" if extra else "")
             out.append(f"| User-space instructions per round trip, {side} | callgrind | {shown(pk)} | raw C ({'socketpair' if side == 'threads' else 'named Unix socket'}) | {shown(c)} | {ratio:.1f} x | | ≤ 3.00 x | {'yes' if ok else '**NO**'} | exact |")
         else:
             err = pk.get("error") or c.get("error") or "missing"
             out.append(f"| User-space instructions per round trip, {side} | callgrind | failed: {err[:80]} | | | | | ≤ 3.00 x | not measured | |")
+        cf = callgrind.get(f"cf-{side}", {})
+        if "per_round_trip" in pk and "per_round_trip" in cf:
+            out.append(f"| User-space instructions per round trip, {side} | callgrind | {shown(pk)} | CFRunLoop + the guide's custom input source | {shown(cf)} | {pk['per_round_trip'] / cf['per_round_trip']:.2f} x | | | (no target) | exact |")
 
     for item in extra:
         if "bare_bytes" in item:

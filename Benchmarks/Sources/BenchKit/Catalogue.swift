@@ -55,6 +55,8 @@ public func catalogue(short: Bool = isShortMode, filtered: Bool = true) -> [Work
         // Round trip of 64-byte messages, thread to thread.
         add("rt.threads", "portkit", p, rt) { try PortKitPair(.thread, .roundTrip, p) }
         add("rt.threads", "socketpair", p, rt) { try CSocketpairRoundTrip(p) }
+        // The guide's custom input source on CFRunLoop (no target: the ratio is reported).
+        add("rt.threads", "cfrunloop", p, rt) { try CFRunLoopRoundTrip(p) }
         #if ZeroMQ
         add("rt.threads", "zmq-inproc", p, rt) { try ZMQRoundTrip(.inproc, p) }
         #endif

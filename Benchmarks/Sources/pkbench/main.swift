@@ -12,7 +12,9 @@
 // Measurements that do not fit the benchmark harness:
 //   pkbench rt KIND N [PLACEMENT]             N round trips after 200 warm-up ones, for
 //                                             callgrind (KIND: portkit-threads, c-threads,
-//                                             portkit-processes, c-processes; for profiles also
+//                                             cf-threads (CFRunLoop, the guide's custom input
+//                                             source), portkit-processes, c-processes; for
+//                                             profiles also
 //                                             c-processes-shaped (C with PortKit's recvmsg),
 //                                             portkit-threads-idle1000, portkit-request-threads,
 //                                             portkit-request-processes,
@@ -100,6 +102,7 @@ case "rt":
         switch argument(1) {
         case "portkit-threads": workload = try PortKitPair(.thread, .roundTrip, placement)
         case "c-threads": workload = try CSocketpairRoundTrip(placement)
+        case "cf-threads": workload = try CFRunLoopRoundTrip(placement)
         case "portkit-processes": workload = try PortKitPair(.namedProcess, .roundTrip, placement)
         case "c-processes": workload = try CUnixSocketRoundTrip(placement)
         case "c-processes-shaped":

@@ -1,0 +1,125 @@
+// The guide's own model on Apple's own run loop: the custom input source of the Threading
+// Programming Guide ("Defining a Custom Input Source": a queue of commands behind a lock; the
+// sender adds one, then calls CFRunLoopSourceSignal and CFRunLoopWakeUp; the source's perform
+// routine takes them on the receiver's loop), on swift-corelibs-foundation's CFRunLoop, which
+// Linux's Foundation is built on (epoll, an eventfd to wake it, as PortKit's loop).
+//
+// It is the least a port between threads can do on that loop: no port object, no limits, no
+// invalidation, no reply port; a message is the 64-byte array itself, passed by reference (as
+// PortKit passes a message between threads). So it bounds what the guide's pattern costs on a
+// general run loop, against PortKit's port on its own (docs/performance.md, the instructions).
+
+import CBench
+import CoreFoundation
+import Foundation
+import Synchronization
+
+/// One side's input source: messages for it queue behind a lock; `post` signals the source and
+/// wakes the side's loop, whose perform routine hands each to `handler`.
+private final class GuideInputSource: @unchecked Sendable {
+    /// The loop the source is on (its owner thread's).
+    let loop: CFRunLoop
+    private(set) var source: CFRunLoopSource?
+    private let queue = Mutex<[[UInt8]]>([])
+    /// The perform routine's spare array, swapped with the queue (no allocation a message).
+    private var taken: [[UInt8]] = []
+    /// Loop-only: set before the first post.
+    var handler: ([UInt8]) -> Void = { _ in }
+
+    /// Makes the source and adds it to the calling thread's loop, default mode.
+    init() {
+        loop = CFRunLoopGetCurrent()
+        queue.withLock { $0.reserveCapacity(16) }
+        taken.reserveCapacity(16)
+        var context = CFRunLoopSourceContext()
+        context.info = Unmanaged.passUnretained(self).toOpaque()
+        context.perform = { info in
+            Unmanaged<GuideInputSource>.fromOpaque(info!).takeUnretainedValue().performCommands()
+        }
+        source = CFRunLoopSourceCreate(nil, 0, &context)
+        CFRunLoopAddSource(loop, source, kCFRunLoopDefaultMode)
+    }
+
+    /// From any thread: queues `message`, signals the source, wakes its loop.
+    func post(_ message: [UInt8]) {
+        queue.withLock { $0.append(message) }
+        CFRunLoopSourceSignal(source)
+        CFRunLoopWakeUp(loop)
+    }
+
+    private func performCommands() {
+        queue.withLock { swap(&$0, &taken) }
+        for message in taken { handler(message) }
+        taken.removeAll(keepingCapacity: true)
+    }
+
+    /// Owner-only: removes the source from its loop.
+    func invalidate() {
+        if let source { CFRunLoopSourceInvalidate(source) }
+        source = nil
+    }
+}
+
+/// Round trips of 64-byte messages between two threads, each running its CFRunLoop once per
+/// message (`CFRunLoopRunInMode(kCFRunLoopDefaultMode, seconds, true)`, `-runMode:beforeDate:`)
+/// as PortKit's thread pair runs its loop: the main side with a deadline 60 s away (the guide's
+/// skeleton thread gives 10 s), the worker with none (the guide's worker: `distantFuture`).
+/// CFRunLoop arms a dispatch timer for each run with a deadline.
+public final class CFRunLoopRoundTrip: Workload {
+    private let driver: PinnedDriver
+    /// `+[NSDate distantFuture]` from now, in seconds: beyond CFRunLoop's limit for a timer.
+    private static let distantFuture: CFTimeInterval = 1.0e10
+
+    public init(_ placement: Placement, size: Int = 64) throws {
+        let workerCPU = placement.cpus.second
+        driver = try PinnedDriver(cpu: placement.cpus.first) {
+            var answers = 0
+            let mine = GuideInputSource()
+            mine.handler = { _ in answers += 1 }
+
+            // The worker: its own loop and source, echoing each message to the main side.
+            let started = DispatchSemaphore(value: 0)
+            let stopping = Atomic<Bool>(false)
+            nonisolated(unsafe) var worker: GuideInputSource?
+            let thread = try startThread {
+                if workerCPU >= 0 { cb_pin_self(workerCPU) }
+                let source = GuideInputSource()
+                source.handler = { message in mine.post(message) }
+                worker = source
+                started.signal()
+                // As PortKit's worker thread runs its loop: no deadline (`distantFuture`, past
+                // which CFRunLoop arms no timer for the run).
+                while !stopping.load(ordering: .acquiring) {
+                    _ = CFRunLoopRunInMode(kCFRunLoopDefaultMode, Self.distantFuture, true)
+                }
+                source.invalidate()
+            }
+            guard started.wait(timeout: .now() + 30) == .success, let peer = worker else {
+                throw BenchError("the CFRunLoop worker did not start")
+            }
+
+            let payload = [UInt8](repeating: 0x5A, count: size)
+            return DriverBody(work: { n in
+                let start = nowNanoseconds()
+                for _ in 0..<n {
+                    let target = answers + 1
+                    peer.post(payload)
+                    while answers < target {
+                        let result = CFRunLoopRunInMode(kCFRunLoopDefaultMode, 60, true)
+                        if result == .timedOut || result == .finished { throw BenchError("no answer from the CFRunLoop worker (\(result.rawValue))") }
+                    }
+                }
+                return nowNanoseconds() - start
+            }, tearDown: {
+                stopping.store(true, ordering: .releasing)
+                CFRunLoopStop(peer.loop)
+                CFRunLoopWakeUp(peer.loop)
+                pthread_join(thread, nil)
+                mine.invalidate()
+            })
+        }
+    }
+
+    public func run(_ n: Int) throws -> UInt64 { try driver.run(n) }
+    public func close() { driver.close() }
+}
