@@ -733,9 +733,19 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     /// Whether a stop, or a perform block for `mode` (for any mode when `nil`), is queued.
+    /// Inlined: a pass that may sleep asks, and so does a run's end; almost always two loads
+    /// answer.
+    @inline(__always)
     private func stopOrPerformQueued(_ mode: PKRunLoopMode?) -> Bool {
         if stopRequested.load(ordering: .acquiring) { return true }
         guard performCount.load(ordering: .acquiring) > 0 else { return false }
+        return performQueued(for: mode)
+    }
+
+    /// Whether a perform block for `mode` (any mode when `nil`) is queued, the count being
+    /// positive.
+    @inline(never)
+    private func performQueued(for mode: PKRunLoopMode?) -> Bool {
         guard let mode else { return true }
         return performQueue.withLock { queue in queue.contains { modesMatch($0.modes, mode) } }
     }
@@ -755,8 +765,15 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     /// Whether a descriptor source of `mode` that watches something waits parked. Loop-only.
+    @inline(__always)
     private func hasParkedSource(in mode: PKRunLoopMode) -> Bool {
-        !parkedSources.isEmpty && parkedSources.contains { token in
+        !parkedSources.isEmpty && hasWatchingParkedSource(in: mode)
+    }
+
+    /// `hasParkedSource(in:)` once some source is parked.
+    @inline(never)
+    private func hasWatchingParkedSource(in mode: PKRunLoopMode) -> Bool {
+        parkedSources.contains { token in
             guard let source = descriptorSource(token) else { return false }
             return source.isIn(mode) && source.epollMask != nil
         }
@@ -770,8 +787,15 @@ public final class PKRunLoop: @unchecked Sendable {
 
     // MARK: - Items in a pass
 
+    /// Runs the perform blocks queued for `mode`. Inlined: a pass asks up to three times, and
+    /// almost always one load answers.
+    @inline(__always)
     private func runPerformBlocks(_ mode: PKRunLoopMode) {
-        guard performCount.load(ordering: .acquiring) > 0 else { return }
+        if performCount.load(ordering: .acquiring) > 0 { runQueuedPerformBlocks(mode) }
+    }
+
+    @inline(never)
+    private func runQueuedPerformBlocks(_ mode: PKRunLoopMode) {
         let runnable: [@Sendable () -> Void] = performQueue.withLock { queue in
             var taken: [@Sendable () -> Void] = []
             queue.removeAll { item in
@@ -791,11 +815,18 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     /// Performs the signalled sources of the running mode, in their order; those of other
-    /// modes wait in `deferredSignalled` for a run of theirs.
+    /// modes wait in `deferredSignalled` for a run of theirs. Inlined: the hint is looked at
+    /// before it is taken, since most passes find it clear, and a load is cheaper than a call
+    /// and a locked exchange (as for a stop request).
+    @inline(__always)
     private func performCustomSources(_ record: ModeRecord) -> Bool {
-        // Looked at before it is taken: most passes find it clear, and a load is cheaper than
-        // a locked exchange (as for a stop request).
-        guard doorbell.signalHint.load(ordering: .relaxed), doorbell.signalHint.exchange(false, ordering: .acquiringAndReleasing) else { return false }
+        doorbell.signalHint.load(ordering: .relaxed) && performSignalledSources(record)
+    }
+
+    /// `performCustomSources` once the hint is set: takes it, and performs what was signalled.
+    @inline(never)
+    private func performSignalledSources(_ record: ModeRecord) -> Bool {
+        guard doorbell.signalHint.exchange(false, ordering: .acquiringAndReleasing) else { return false }
         var candidates = spareSignalled
         doorbell.signalledQueue.withLock { swap(&$0, &candidates) }
         if !deferredSignalled.isEmpty {
@@ -828,8 +859,14 @@ public final class PKRunLoop: @unchecked Sendable {
             .map(\.element)
     }
 
+    /// Fires the due timers of `record`'s mode. Inlined: most modes have none.
+    @inline(__always)
     private func fireDueTimers(_ record: ModeRecord) {
-        guard !record.timers.isEmpty else { return }
+        if !record.timers.isEmpty { fireDueTimersNow(record) }
+    }
+
+    @inline(never)
+    private func fireDueTimersNow(_ record: ModeRecord) {
         refreshTimerDates(record)
         let now = monotonicNanoseconds()
         // Most passes find no timer due: look before making anything.
@@ -873,8 +910,16 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     /// Arms the timerfd at the latest moment that still fires every timer of the mode within
-    /// its tolerance; re-arms only when that moment changes.
+    /// its tolerance; re-arms only when that moment changes. Inlined: every pass that may sleep
+    /// asks, and for a mode without timers that is already armed for, nothing changes.
+    @inline(__always)
     private func armTimer(for record: ModeRecord?) {
+        if let record, record.timers.isEmpty, armedRecord === record, armedTimer == nil, timerWithoutDescriptor == nil { return }
+        armTimerNow(for: record)
+    }
+
+    @inline(never)
+    private func armTimerNow(for record: ModeRecord?) {
         var earliest: UInt64? = nil
         if let record, !record.timers.isEmpty {
             refreshTimerDates(record)
