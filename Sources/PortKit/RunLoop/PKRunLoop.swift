@@ -827,7 +827,10 @@ public final class PKRunLoop: @unchecked Sendable {
     @inline(never)
     private func performSignalledSources(_ record: ModeRecord) -> Bool {
         guard doorbell.signalHint.exchange(false, ordering: .acquiringAndReleasing) else { return false }
-        var candidates = spareSignalled
+        // The spare buffer is moved, not copied, into the queue (a copy is a retain and a
+        // release; a nested run meanwhile finds no spare, and gives the queue an empty array).
+        var candidates: [PKCustomSource] = []
+        swap(&spareSignalled, &candidates)
         doorbell.signalledQueue.withLock { swap(&$0, &candidates) }
         if !deferredSignalled.isEmpty {
             candidates.append(contentsOf: deferredSignalled)
@@ -835,7 +838,7 @@ public final class PKRunLoop: @unchecked Sendable {
         }
         defer {
             candidates.removeAllKeepingStorage()
-            spareSignalled = candidates
+            swap(&spareSignalled, &candidates)
         }
         if candidates.count > 1 { orderCandidates(&candidates) }
         var handled = false
