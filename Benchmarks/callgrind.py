@@ -10,9 +10,10 @@ load, so this is the figure to compare between runs.
 
 Kinds (pkbench rt KIND): portkit-threads, c-threads, cf-threads (CFRunLoop with the guide's
 custom input source), portkit-processes, c-processes (the default), and for profiles
-portkit-threads-idle1000, portkit-request-threads, portkit-request-processes,
-portkit-stream64-threads, portkit-stream64-processes, portkit-spawn, and with the ZeroMQ trait
-portkit-zmq-stream64 and zmq-stream64 (ipc:// streams; libzmq's I/O threads counted too).
+cf-threads-nodeadline, portkit-threads-idle1000, portkit-request-threads,
+portkit-request-processes, portkit-stream64-threads, portkit-stream64-processes,
+portkit-spawn, and with the ZeroMQ trait portkit-zmq-stream64 and zmq-stream64 (ipc://
+streams; libzmq's I/O threads counted too).
 
 Writes OUTDIR/callgrind.json and, for PortKit's kinds and CFRunLoop's,
 OUTDIR/callgrind-profile-KIND.txt: the per-function difference between the two runs divided by

@@ -58,44 +58,77 @@ private final class GuideInputSource: @unchecked Sendable {
         if let source { CFRunLoopSourceInvalidate(source) }
         source = nil
     }
+
+    /// The source's info pointer is this object, unretained: it must not outlive it.
+    deinit { invalidate() }
 }
 
 /// Round trips of 64-byte messages between two threads, each running its CFRunLoop once per
 /// message (`CFRunLoopRunInMode(kCFRunLoopDefaultMode, seconds, true)`, `-runMode:beforeDate:`)
 /// as PortKit's thread pair runs its loop: the main side with a deadline 60 s away (the guide's
 /// skeleton thread gives 10 s), the worker with none (the guide's worker: `distantFuture`).
-/// CFRunLoop arms a dispatch timer for each run with a deadline.
+/// CFRunLoop makes a libdispatch timer for each run with a deadline; `mainDeadline: false`
+/// runs the main side without one too (`pkbench rt cf-threads-nodeadline`).
 public final class CFRunLoopRoundTrip: Workload {
     private let driver: PinnedDriver
-    /// `+[NSDate distantFuture]` from now, in seconds: beyond CFRunLoop's limit for a timer.
-    private static let distantFuture: CFTimeInterval = 1.0e10
+    /// A run's length that stands for "no deadline": past CFRunLoop's limit for a run's timer
+    /// (`TIMER_INTERVAL_LIMIT`, about 5.05e8 s), so it makes none, as for `distantFuture`.
+    private static let noDeadline: CFTimeInterval = 1.0e10
 
-    public init(_ placement: Placement, size: Int = 64) throws {
+    /// The worker thread's start, as the main side and the worker agree on it.
+    private enum WorkerStart {
+        case starting
+        case running(GuideInputSource)
+        /// The main side stopped waiting: a worker that starts after that ends at once.
+        case abandoned
+    }
+
+    private final class StartState: Sendable {
+        let value = Mutex<WorkerStart>(.starting)
+    }
+
+    public init(_ placement: Placement, size: Int = 64, mainDeadline: Bool = true) throws {
         let workerCPU = placement.cpus.second
+        let mainSeconds: CFTimeInterval = mainDeadline ? 60 : Self.noDeadline
         driver = try PinnedDriver(cpu: placement.cpus.first) {
             var answers = 0
             let mine = GuideInputSource()
             mine.handler = { _ in answers += 1 }
 
-            // The worker: its own loop and source, echoing each message to the main side.
+            // The worker: its own loop and source, echoing each message to the main side. An
+            // empty message is the guide's command to exit: a signalled source is performed
+            // before its loop sleeps, so unlike `CFRunLoopStop` (lost between two runs) it
+            // cannot be missed.
             let started = DispatchSemaphore(value: 0)
-            let stopping = Atomic<Bool>(false)
-            nonisolated(unsafe) var worker: GuideInputSource?
+            let start = StartState()
             let thread = try startThread {
                 if workerCPU >= 0 { cb_pin_self(workerCPU) }
                 let source = GuideInputSource()
-                source.handler = { message in mine.post(message) }
-                worker = source
+                var done = false
+                source.handler = { message in
+                    if message.isEmpty { done = true } else { mine.post(message) }
+                }
+                let abandoned = start.value.withLock { state in
+                    if case .abandoned = state { return true }
+                    state = .running(source)
+                    return false
+                }
                 started.signal()
-                // As PortKit's worker thread runs its loop: no deadline (`distantFuture`, past
-                // which CFRunLoop arms no timer for the run).
-                while !stopping.load(ordering: .acquiring) {
-                    _ = CFRunLoopRunInMode(kCFRunLoopDefaultMode, Self.distantFuture, true)
+                while !done && !abandoned {
+                    _ = CFRunLoopRunInMode(kCFRunLoopDefaultMode, Self.noDeadline, true)
                 }
                 source.invalidate()
             }
-            guard started.wait(timeout: .now() + 30) == .success, let peer = worker else {
-                throw BenchError("the CFRunLoop worker did not start")
+            _ = started.wait(timeout: .now() + 30)
+            let running: GuideInputSource? = start.value.withLock { state in
+                if case .running(let source) = state { return source }
+                state = .abandoned
+                return nil
+            }
+            guard let peer = running else {
+                pthread_detach(thread)
+                mine.invalidate()
+                throw BenchError("the CFRunLoop worker did not start within 30 s")
             }
 
             let payload = [UInt8](repeating: 0x5A, count: size)
@@ -105,15 +138,13 @@ public final class CFRunLoopRoundTrip: Workload {
                     let target = answers + 1
                     peer.post(payload)
                     while answers < target {
-                        let result = CFRunLoopRunInMode(kCFRunLoopDefaultMode, 60, true)
+                        let result = CFRunLoopRunInMode(kCFRunLoopDefaultMode, mainSeconds, true)
                         if result == .timedOut || result == .finished { throw BenchError("no answer from the CFRunLoop worker (\(result.rawValue))") }
                     }
                 }
                 return nowNanoseconds() - start
             }, tearDown: {
-                stopping.store(true, ordering: .releasing)
-                CFRunLoopStop(peer.loop)
-                CFRunLoopWakeUp(peer.loop)
+                peer.post([])
                 pthread_join(thread, nil)
                 mine.invalidate()
             })

@@ -14,7 +14,8 @@
 //                                             callgrind (KIND: portkit-threads, c-threads,
 //                                             cf-threads (CFRunLoop, the guide's custom input
 //                                             source), portkit-processes, c-processes; for
-//                                             profiles also
+//                                             profiles also cf-threads-nodeadline (the main
+//                                             side's runs without a deadline too),
 //                                             c-processes-shaped (C with PortKit's recvmsg),
 //                                             portkit-threads-idle1000, portkit-request-threads,
 //                                             portkit-request-processes,
@@ -103,6 +104,7 @@ case "rt":
         case "portkit-threads": workload = try PortKitPair(.thread, .roundTrip, placement)
         case "c-threads": workload = try CSocketpairRoundTrip(placement)
         case "cf-threads": workload = try CFRunLoopRoundTrip(placement)
+        case "cf-threads-nodeadline": workload = try CFRunLoopRoundTrip(placement, mainDeadline: false)
         case "portkit-processes": workload = try PortKitPair(.namedProcess, .roundTrip, placement)
         case "c-processes": workload = try CUnixSocketRoundTrip(placement)
         case "c-processes-shaped":

@@ -827,8 +827,10 @@ public final class PKRunLoop: @unchecked Sendable {
     @inline(never)
     private func performSignalledSources(_ record: ModeRecord) -> Bool {
         guard doorbell.signalHint.exchange(false, ordering: .acquiringAndReleasing) else { return false }
-        // The spare buffer is moved, not copied, into the queue (a copy is a retain and a
-        // release; a nested run meanwhile finds no spare, and gives the queue an empty array).
+        // The spare buffer is moved, not copied, into the queue: a copy is a retain and a
+        // release, and it would leave the queue's buffer shared until the end, so that a
+        // signal from another thread meanwhile copied it under the lock. (A nested run
+        // meanwhile finds no spare, and gives the queue an empty array.)
         var candidates: [PKCustomSource] = []
         swap(&spareSignalled, &candidates)
         doorbell.signalledQueue.withLock { swap(&$0, &candidates) }
@@ -913,8 +915,9 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     /// Arms the timerfd at the latest moment that still fires every timer of the mode within
-    /// its tolerance; re-arms only when that moment changes. Inlined: every pass that may sleep
-    /// asks, and for a mode without timers that is already armed for, nothing changes.
+    /// its tolerance; re-arms only when that moment changes. Inlined: every pass that does not
+    /// return before its wait asks, and for a mode without timers that is already armed for,
+    /// nothing changes.
     @inline(__always)
     private func armTimer(for record: ModeRecord?) {
         if let record, record.timers.isEmpty, armedRecord === record, armedTimer == nil, timerWithoutDescriptor == nil { return }
