@@ -143,7 +143,48 @@ extension RunLoopTests {
             }
             #expect(result == .handledSource)
         }
+
+        /// A duration in nanoseconds (deadlines, timers' intervals): rounded toward zero and
+        /// clamped to `Int64`, as `components` gives it, at both ends of the range and
+        /// across it.
+        @Test func aDurationsNanosecondsAreRoundedTowardZeroAndClamped() {
+            #expect(Duration.zero.nanosecondsClamped == 0)
+            #expect(Duration.seconds(60).nanosecondsClamped == 60_000_000_000)
+            #expect(Duration.milliseconds(-1500).nanosecondsClamped == -1_500_000_000)
+            #expect(Duration(secondsComponent: 0, attosecondsComponent: 999_999_999).nanosecondsClamped == 0)
+            #expect(Duration(secondsComponent: 0, attosecondsComponent: -1_999_999_999).nanosecondsClamped == -1)
+            // Int64's ends, exactly and one nanosecond past.
+            let top = Duration.nanoseconds(Int64.max)
+            #expect(top.nanosecondsClamped == .max)
+            #expect((top + .nanoseconds(1)).nanosecondsClamped == .max)
+            #expect(Duration.nanoseconds(Int64.min).nanosecondsClamped == .min)
+            #expect((Duration.nanoseconds(Int64.min) - .nanoseconds(1)).nanosecondsClamped == .min)
+            #expect(Duration.seconds(Int64.max).nanosecondsClamped == .max)
+            #expect(Duration.seconds(Int64.min).nanosecondsClamped == .min)
+            #expect((PKDeadline(uptimeNanoseconds: 5) + .seconds(Int64.max)).uptimeNanoseconds == 5 + UInt64(Int64.max))
+            #expect((PKDeadline(uptimeNanoseconds: .max - 1) + .seconds(1)) == .distantFuture)
+            #expect((PKDeadline(uptimeNanoseconds: 5) + .seconds(Int64.min)) == .distantPast)
+            // Across the range, against the definition through `components`.
+            var generator = SystemRandomNumberGenerator()
+            for _ in 0..<10_000 {
+                let duration = Duration(
+                    secondsComponent: Int64.random(in: -20_000_000_000...20_000_000_000, using: &generator),
+                    attosecondsComponent: Int64.random(in: -999_999_999_999_999_999...999_999_999_999_999_999, using: &generator))
+                #expect(duration.nanosecondsClamped == nanosecondsThroughComponents(duration), "\(duration)")
+            }
+        }
     }
+}
+
+/// `duration` in nanoseconds through `components`: its seconds scaled and its attoseconds
+/// divided, each toward zero, clamped to `Int64`.
+private func nanosecondsThroughComponents(_ duration: Duration) -> Int64 {
+    let (seconds, attoseconds) = duration.components
+    let (scaled, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
+    if overflow { return seconds < 0 ? .min : .max }
+    let (sum, overflowed) = scaled.addingReportingOverflow(attoseconds / 1_000_000_000)
+    if overflowed { return seconds < 0 ? .min : .max }
+    return sum
 }
 
 /// A source in `mode` on `pipe`'s read end, which it drains, made readable: the run's wait
