@@ -41,6 +41,12 @@ public final class PKDescriptorSource: @unchecked Sendable {
     /// weak references, is costly to retain, and the weak `loop` below costs a load as well).
     let handler: (PKIOEvents, PKRunLoop) -> Void
     let cancelHandler: (() -> Void)?
+    weak var loop: PKRunLoop?
+    @exclusivity(unchecked) var token: UInt64 = 0
+    /// The modes the source is in (a few at most: an array, compared without hashing).
+    @exclusivity(unchecked) var modes: [PKRunLoopMode] = []
+    /// The events epoll is watching for this source, or nil when it is not registered.
+    @exclusivity(unchecked) var registeredEvents: UInt32?
 
     /// Calls the handler. A method, so that the call borrows the handler from the source its
     /// caller holds (the caller keeps the source alive for the call); a call through the
@@ -51,12 +57,6 @@ public final class PKDescriptorSource: @unchecked Sendable {
     func callHandler(_ events: PKIOEvents, _ loop: PKRunLoop) {
         handler(events, loop)
     }
-    weak var loop: PKRunLoop?
-    @exclusivity(unchecked) var token: UInt64 = 0
-    /// The modes the source is in (a few at most: an array, compared without hashing).
-    @exclusivity(unchecked) var modes: [PKRunLoopMode] = []
-    /// The events epoll is watching for this source, or nil when it is not registered.
-    @exclusivity(unchecked) var registeredEvents: UInt32?
 
     /// A source for `descriptor`.
     ///
