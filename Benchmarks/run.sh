@@ -4,7 +4,7 @@
 # after the other), then interleaved batch by batch (`pkbench compare`), which a change in the
 # machine's load cannot bias.
 #
-#   Benchmarks/run.sh                   full run (about 14 minutes on 2 cores), table on stdout
+#   Benchmarks/run.sh                   full run (about 10 minutes on 2 cores), table on stdout
 #   Benchmarks/run.sh --short           a few samples per row (CI: proves the suite still runs)
 #   Benchmarks/run.sh --callgrind       also user-space instructions per round trip (valgrind)
 #   Benchmarks/run.sh --callgrind-only  only that
