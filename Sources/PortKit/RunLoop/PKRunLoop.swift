@@ -733,8 +733,8 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     /// Whether a stop, or a perform block for `mode` (for any mode when `nil`), is queued.
-    /// Inlined: a pass that may sleep asks, and so does a run's end; almost always two loads
-    /// answer.
+    /// Inlined: every pass that handled no source asks, and so does a run's end; almost always
+    /// two loads answer.
     @inline(__always)
     private func stopOrPerformQueued(_ mode: PKRunLoopMode?) -> Bool {
         if stopRequested.load(ordering: .acquiring) { return true }
