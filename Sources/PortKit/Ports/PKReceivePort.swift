@@ -287,36 +287,46 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// reused from one request to the next (`sendRequest`) is revoked between them, so that a
     /// late answer to one request can never be taken for the answer to the next.
     func revokeSenders() {
+        // Each part is looked at before it is touched: a reply port is revoked after every
+        // request, and usually holds nothing (its answer was taken, its one right released).
         // The undelivered messages are released after the lock: a message may hold a right to
         // this very port, whose release takes the lock again.
         var dropped: [PKPortMessage] = []
-        let (pending, fired) = shared.withLock { state -> ([Int32], [Watcher]) in
+        var pending: [Int32] = []
+        var fired: [Watcher] = []
+        shared.withLock { state in
             state.senderEpoch += 1
             state.localSenders = 0
             state.localSendersGone = false
-            swap(&dropped, &state.mailbox)
-            state.mailboxBytes = 0
-            if state.waitingSenders > 0 { EventFD.signal(state.roomSignal) }
-            let pending = state.pendingAdoptions
-            state.pendingAdoptions = []
-            var fired: [Watcher] = []
-            for (token, watcher) in state.watchers where watcher.right != nil {
-                fired.append(watcher)
-                state.watchers[token] = nil
+            if !state.mailbox.isEmpty {
+                swap(&dropped, &state.mailbox)
+                state.mailboxBytes = 0
             }
-            return (pending, fired)
+            if state.waitingSenders > 0 { EventFD.signal(state.roomSignal) }
+            if !state.pendingAdoptions.isEmpty { swap(&pending, &state.pendingAdoptions) }
+            if !state.watchers.isEmpty {
+                for (token, watcher) in state.watchers where watcher.right != nil {
+                    fired.append(watcher)
+                    state.watchers[token] = nil
+                }
+            }
         }
         dropped = []
         for watcher in fired { Self.notify(watcher) }
         for fd in pending { Descriptor.close(fd) }
-        localQueue.removeAllKeepingStorage()
-        localQueueHead = 0
+        if !localQueue.isEmpty {
+            localQueue.removeAllKeepingStorage()
+            localQueueHead = 0
+        }
         mailboxDeferred = false
+        if !awaitingGreeting.isEmpty { unlistAllAwaitingGreeting() }
+        if !ready.isEmpty {
+            for connection in ready { connection.isListedReady = false }
+            ready.removeAll()
+        }
+        guard !connections.isEmpty else { return }
         let closing = connections.values
         connections = [:]
-        unlistAllAwaitingGreeting()
-        for connection in ready { connection.isListedReady = false }
-        ready.removeAll()
         for connection in closing { connection.close() }
     }
 

@@ -94,26 +94,27 @@ extension PKSendPort {
 }
 
 /// One loop's request machinery at one nesting depth, reused by every request made there:
-/// a reply port and a death-report source, both in a private mode. Loop-only.
+/// a reply port and a death-report source, both in a private mode. Loop-only, so its state
+/// skips the run-time exclusivity checks (as the loop's own state does).
 final class ReplySlot {
     let mode: PKRunLoopMode
     let port: PKReceivePort
     private let died = PKCustomSource {}
     /// Counts the slot's requests, so that a death reported for an earlier one is ignored.
-    private var generation: UInt64 = 0
-    private var inUse = false
-    private var watch: PKInvalidationWatch?
+    @exclusivity(unchecked) private var generation: UInt64 = 0
+    @exclusivity(unchecked) private var inUse = false
+    @exclusivity(unchecked) private var watch: PKInvalidationWatch?
     /// The watch on the last connection asked through its reply channel, kept between requests.
-    private var link: ConnectionLink?
+    @exclusivity(unchecked) private var link: ConnectionLink?
     /// The current request's hold on a connection's reply channel.
-    private var claim: (connection: SendConnection, reader: ReplyChannelReader, token: UInt16, sent: Bool)?
+    @exclusivity(unchecked) private var claim: (connection: SendConnection, reader: ReplyChannelReader, token: UInt16, sent: Bool)?
 
     // The current request's outcome.
-    private(set) var reply: PKPortMessage?
-    private(set) var remoteDied = false
-    private(set) var abandoned = false
+    @exclusivity(unchecked) private(set) var reply: PKPortMessage?
+    @exclusivity(unchecked) private(set) var remoteDied = false
+    @exclusivity(unchecked) private(set) var abandoned = false
     /// The reply channel broke the protocol (the request fails; the channel is not used again).
-    private(set) var channelFailure: String?
+    @exclusivity(unchecked) private(set) var channelFailure: String?
 
     private init(mode: PKRunLoopMode) {
         self.mode = mode
@@ -154,9 +155,12 @@ final class ReplySlot {
     /// Watches `remote` for the current request.
     func watch(_ remote: PKSendPort, on loop: PKRunLoop) {
         let current = generation
-        watch = try? remote.watchInvalidation(on: loop, forMode: mode) { [weak self] in
+        // `unowned`: the slot lives as long as its loop, and a report is run by that loop or
+        // dropped with it. A weak reference would give the slot a side table, and every
+        // retain and release of it (several a request) would take the slow path.
+        watch = try? remote.watchInvalidation(on: loop, forMode: mode) { [unowned self] in
             // A report for an earlier request (queued before its watch was cancelled) is stale.
-            guard let self, inUse, generation == current else { return }
+            guard inUse, generation == current else { return }
             remoteDied = true
             died.signal()
         }
@@ -188,22 +192,24 @@ final class ReplySlot {
     /// What the watched connection reported. Loop-only.
     fileprivate func linkReported(_ events: PKIOEvents, _ link: ConnectionLink, on loop: PKRunLoop) {
         let hungUp = !events.intersection([.hangUp, .error]).isEmpty
-        guard let claim else {
+        // The claim's parts, not the claim: a copy of it, kept for the closure below, cost three
+        // retains and releases a reply.
+        guard let reader = claim?.reader, let current = claim?.token else {
             // No request of this slot holds the channel (another thread's request reads it):
             // stop waking for its bytes; once the connection is gone, stop watching it.
             if hungUp { dropLink() } else { link.watchHangUpOnly() }
             return
         }
         // After a hang-up, read to the end: an answer written before it still counts.
-        let outcome = claim.reader.read(link.descriptor, on: loop, toTheEnd: hungUp) { event in
+        let outcome = reader.read(link.descriptor, on: loop, toTheEnd: hungUp) { event in
             switch event {
             case .message(let message, let token):
-                if token == claim.token && reply == nil { reply = message }
+                if token == current && reply == nil { reply = message }
                 // Otherwise a late answer to an earlier request: dropped with its rights.
             case .noReply(let token):
-                if token == claim.token { abandoned = true }
+                if token == current { abandoned = true }
             case .attach(let descriptor, let token):
-                if token == claim.token { port.adoptFromAnyThread(descriptor) } else { Descriptor.close(descriptor) }
+                if token == current { port.adoptFromAnyThread(descriptor) } else { Descriptor.close(descriptor) }
             }
         }
         switch outcome {
@@ -231,7 +237,7 @@ final class ReplySlot {
 
     /// The channel broke during the current request: nothing more is said on it, and it is
     /// not used again.
-    private var channelBroken = false
+    @exclusivity(unchecked) private var channelBroken = false
 
     /// Ends the request: the reply right it sent stops working, and the slot is free again.
     func finish(on loop: PKRunLoop) {

@@ -11,9 +11,11 @@ import Synchronization
 /// Held by one request at a time (`SendConnection.claimReplyChannel()`), on that request's
 /// thread; the claim hands it from thread to thread under the connection's lock.
 final class ReplyChannelReader: @unchecked Sendable {
-    private var decoder = WireDecoder(limits: PKPortLimits.default.wire, direction: .toRequester)
-    private var scratch = ReadScratch(maxDescriptors: PKPortLimits.default.wire.maxDescriptors)
-    private var lastToken: UInt16 = 0
+    // Unchecked: one request uses them at a time (the claim), and the checks cost a lookup in
+    // thread-local storage each.
+    @exclusivity(unchecked) private var decoder = WireDecoder(limits: PKPortLimits.default.wire, direction: .toRequester)
+    @exclusivity(unchecked) private var scratch = ReadScratch(maxDescriptors: PKPortLimits.default.wire.maxDescriptors)
+    @exclusivity(unchecked) private var lastToken: UInt16 = 0
 
     deinit {
         scratch.deallocate()

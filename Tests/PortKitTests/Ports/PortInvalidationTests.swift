@@ -45,6 +45,62 @@ import Testing
         #expect(revokedValid)
     }
 
+    /// What a reused reply port's revoked senders left is dropped, whichever way it came: a
+    /// message in the mailbox, one taken from it but not delivered yet (the revoke comes from
+    /// a handler), one on a connection that has not greeted yet, one on a connection handed
+    /// over from another thread and not adopted yet. The revoked rights fail and their watch fires; a
+    /// right made afterwards works, and its message alone is delivered. (`revokeSenders` looks
+    /// at each part before touching it: each is filled here.)
+    @Test func revokingSendersDropsEverythingTheyLeft() throws {
+        let (delivered, codes, watched) = try onPortLoopThread { loop -> ([UInt32], [PKError.Code?], Int) in
+            var delivered: [UInt32] = []
+            let port = PKReceivePort()
+            try loop.add(port, forMode: .default)
+            let local = PKSendPort(localRight: LocalRight(port: port))
+            let other = PKSendPort(localRight: LocalRight(port: port))
+            var pending: PKSendPort?
+            port.handler = { message in
+                delivered.append(message.msgid)
+                guard message.msgid == 2 else { return }
+                // 3 waits in the local queue; 8 goes to the mailbox; a connection made on another
+                // thread waits for the loop to adopt it, with 5 on it.
+                try? other.send(PKPortMessage(msgid: 8), timeout: .seconds(5))
+                if let handedOver = try? onPortLoopThread({ _ in try port.makeTransferDescriptor() }) {
+                    pending = PKSendPort(connection: SendConnection(takingOwnershipOf: handedOver))
+                    try? pending?.send(PKPortMessage(msgid: 5), timeout: .seconds(5))
+                }
+                port.revokeSenders()
+                try? PKSendPort(localRight: LocalRight(port: port)).send(PKPortMessage(msgid: 6), timeout: .seconds(5))
+            }
+            var watched = 0
+            let watch = try local.watchInvalidation(on: loop, forMode: .default) { watched += 1 }
+            try local.send(PKPortMessage(msgid: 1), timeout: .seconds(5))
+            try runLoop(loop, "the first message") { !delivered.isEmpty }
+            let connected = try independentRight(to: port)  // adopted at once: not greeted yet
+            try connected.send(PKPortMessage(msgid: 4), timeout: .seconds(5))
+            try other.send(PKPortMessage(msgid: 2), timeout: .seconds(5))
+            try other.send(PKPortMessage(msgid: 3), timeout: .seconds(5))
+
+            try runLoop(loop, "the fresh right's message") { delivered.contains(6) }
+            try runLoop(loop, "the revoked right's watch") { watched == 1 }
+            runLoop(loop, for: .milliseconds(20))
+            watch.cancel()
+            let codes = [local, other, connected, pending].map { right -> PKError.Code? in
+                guard let right else { return nil }
+                do throws(PKError) {
+                    try right.send(PKPortMessage(msgid: 7), timeout: .seconds(5))
+                    return nil
+                } catch { return error.code }
+            }
+            runLoop(loop, for: .milliseconds(20))
+            port.invalidate()
+            return (delivered, codes, watched)
+        }
+        #expect(delivered == [1, 2, 6])
+        #expect(codes == [.invalidPort, .invalidPort, .invalidPort, .invalidPort])
+        #expect(watched == 1)
+    }
+
     @Test func anInvalidatedPortWhoseHandlerCapturesItIsReleased() throws {
         let released = try onPortLoopThread { loop -> Bool in
             weak var watched: PKReceivePort?
