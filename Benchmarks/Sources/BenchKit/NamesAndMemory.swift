@@ -14,7 +14,7 @@ import PortKit
 /// rows with the same owners wake them in the same order, whatever their names: the 10,000
 /// names' row and its baseline, one name in each of the same owners, differ only by the
 /// names. (Which owner a lookup wakes moves the figure by itself: with 9,000 names in one
-/// owner a lookup took 1.5 x one name's; in two owners, 2.1 to 2.2 x. docs/performance.md.)
+/// owner a lookup took 1.5 x one name's; in two owners, 2.1 to 2.2 x. docs/performance-history.md.)
 public final class PortKitNameLookup: Workload {
     private let driver: PinnedDriver
     private let owners: [Int32]

@@ -631,15 +631,15 @@ public final class PKRunLoop: @unchecked Sendable {
 
     /// The epoll timeout of a pass that may sleep until `deadline`: 0 once it has passed, and
     /// otherwise -1 (no timeout) while `deadlineFD` fires by then. An epoll timeout costs the
-    /// kernel a timer started and cancelled on every sleep (about 0.17 µs each on the machine
-    /// of docs/performance.md's run of `51a6336`; nothing measurable on `cc456c6`'s), and the
-    /// guide's loops sleep once a message, each run with a deadline a little later than the
-    /// last: the timerfd is armed only when it would fire after `deadline`, so it stays armed
-    /// at an earlier run's deadline and fires at most that early, for one pass more (its end
-    /// sees that the deadline has not passed, and the next pass arms it for this one). Without
-    /// a timerfd (out of descriptors) the epoll timeout bounds the wait, and so it does on a
-    /// hosted loop, whose host must not be woken by a deadline no run waits for (its requests'
-    /// waits are not the guide's hot path).
+    /// kernel a timer started and cancelled on every sleep (about 0.17 µs each on the machine of
+    /// the run of `51a6336`, docs/performance-history.md; nothing measurable on `cc456c6`'s), and
+    /// the guide's loops sleep once a message, each run with a deadline a little later than the
+    /// last: the timerfd is armed only when it would fire after `deadline`, so it stays armed at an
+    /// earlier run's deadline and fires at most that early, for one pass more (its end sees that
+    /// the deadline has not passed, and the next pass arms it for this one). Without a timerfd (out
+    /// of descriptors) the epoll timeout bounds the wait, and so it does on a hosted loop, whose
+    /// host must not be woken by a deadline no run waits for (its requests' waits are not the
+    /// guide's hot path).
     ///
     /// `unobserved`: no observer of the mode watches the wait. Then, while the timerfd is armed
     /// at this deadline or an earlier one and not yet read, it ends the wait by the deadline,

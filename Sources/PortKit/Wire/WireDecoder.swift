@@ -207,7 +207,7 @@ struct WireDecoder {
     /// descriptors left queued, whether or not its reader asks here first (the wire fuzzer
     /// checks this on every input). It skips the general decoding's frame value (its components,
     /// their counts, their destruction) and its checks of shapes the usual frame does not have:
-    /// about 315 instructions a message (docs/performance.md).
+    /// about 315 instructions a message (docs/performance-history.md).
     mutating func nextUsualFrame(reusing spare: inout [UInt8]) -> (msgid: UInt32, bytes: [UInt8])? {
         guard case .open = state, direction == .toPort else { return nil }
         let headers = WireFormat.frameHeaderByteCount + WireFormat.componentHeaderByteCount

@@ -8,7 +8,7 @@
 // Why not the core's `PKMutex` (a futex lock of PortKit's own): a generic of another module
 // reaches this one without its body (PortKit's serialized module carries none for
 // `PKMutex.withLock`, even marked `@inlinable`; measured with `swiftc -emit-sil`,
-// docs/performance.md), so every call ran unspecialized and looked up generic metadata at run
+// docs/performance-history.md), so every call ran unspecialized and looked up generic metadata at run
 // time: about a tenth of a ZeroMQ message's cost. Declared here, the compiler specializes and
 // inlines it as PortKit does `PKMutex`.
 
