@@ -99,15 +99,27 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         _ message: borrowing PKPortMessage, to connection: SendConnection, reply replyRight: ReplyRight?,
         replyBackToken: UInt16, before deadline: PKDeadline
     ) throws(PKError) {
-        // The usual message (its bytes alone, no reply port, no request) is encoded from its
-        // bytes where they are: no frame to make.
-        if case .bytes(let bytes) = message.body, message.replyPort == nil, replyBackToken == 0, replyRight == nil {
+        // The usual message (its bytes alone, no reply port), a request that asks for its answer
+        // on the connection (REPLY_BACK), or that answer, is encoded from its bytes where they
+        // are: no frame to make. The tokens are never 0 (the reader's `nextToken()`, and a
+        // request's, which the decoder checked), so the frame breaks no rule but the length's.
+        if case .bytes(let bytes) = message.body, message.replyPort == nil {
             do throws(WireError) { try WireEncoder.check(dataByteCount: bytes.count, limits: PKPortLimits.default.wire) } catch {
                 throw overLimits(error)
             }
             try bytes.withUnsafeBufferPointer { (payload) throws(PKError) in
-                try connection.write(WirePlainFrame(msgid: message.msgid, payload: UnsafeRawBufferPointer(payload)),
-                                     descriptors: [], before: deadline)
+                let payload = UnsafeRawBufferPointer(payload)
+                if let replyRight {
+                    try replyRight.send(WirePlainFrame(msgid: message.msgid, payload: payload, repliesBack: false,
+                                                       replyToken: replyRight.ticket.token),
+                                        descriptors: [], before: deadline)
+                } else if replyBackToken != 0 {
+                    try connection.write(WirePlainFrame(msgid: message.msgid, payload: payload, repliesBack: true,
+                                                        replyToken: replyBackToken),
+                                         descriptors: [], before: deadline)
+                } else {
+                    try connection.write(WirePlainFrame(msgid: message.msgid, payload: payload), descriptors: [], before: deadline)
+                }
             }
             return
         }

@@ -185,7 +185,11 @@ final class ReceiveConnection {
             // The usual frame skips the general decoding (the same message either way), and a
             // read that held only usual frames ends here.
             if let usual = decoder.nextUsualFrame(reusing: &spare) {
-                enqueue(PKPortMessage(msgid: usual.msgid, data: usual.bytes))
+                if usual.replyToken == 0 {
+                    enqueue(PKPortMessage(msgid: usual.msgid, data: usual.bytes))
+                } else {
+                    enqueueRequest(msgid: usual.msgid, bytes: usual.bytes, token: usual.replyToken)
+                }
                 continue
             }
             if decoder.isDrained { break }
@@ -198,6 +202,13 @@ final class ReceiveConnection {
             return .paused
         }
         return .more
+    }
+
+    /// Queues a request made with REPLY_BACK, with the right to answer it. Out of line, as
+    /// `decodeOther` is: the usual message's code stays among its own.
+    @inline(never)
+    private func enqueueRequest(msgid: UInt32, bytes: [UInt8], token: UInt16) {
+        enqueue(PKPortMessage(msgid: msgid, data: bytes, replyPort: replyRight(token: token)))
     }
 
     /// What `decodeOther` did.

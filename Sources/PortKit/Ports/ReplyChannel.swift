@@ -94,6 +94,11 @@ final class ReplyChannelReader: @unchecked Sendable {
         var frame = WireFrame(msgid: 0)
         var descriptors: [Int32] = []
         while true {
+            // An answer of its bytes alone skips the general decoding (the same message).
+            if let usual = decoder.nextUsualFrame(reusing: &scratch.spare) {
+                handle(.message(PKPortMessage(msgid: usual.msgid, data: usual.bytes), token: usual.replyToken))
+                continue
+            }
             let found: WireDecoder.Found?
             do throws(WireError) { found = try decoder.next(frame: &frame, descriptors: &descriptors) } catch {
                 return error.description
@@ -177,7 +182,7 @@ final class ReplyRight: Sendable {
     var isValid: Bool { ticket.isOpen && writer.isValid }
 
     /// Sends the answer: the first message sent through the right, and the only one.
-    func send(_ frame: WireFrame, descriptors: [Int32], before deadline: PKDeadline) throws(PKError) {
+    func send(_ frame: some WireEncodable, descriptors: [Int32], before deadline: PKDeadline) throws(PKError) {
         guard ticket.beginAnswer() else {
             throw PKError(.invalidPort, "cannot send: this reply right was already used, or its request has ended")
         }

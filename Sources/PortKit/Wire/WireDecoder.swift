@@ -194,40 +194,53 @@ struct WireDecoder {
         }
     }
 
-    /// The next frame if it is the usual one, complete in the buffer: towards a port, one data
-    /// component and nothing else (no flag, descriptor or reply token). Returns its msgid and
-    /// its bytes, made as `next(frame:descriptors:reusing:)` makes them, and consumes it.
+    /// The next frame if it is the usual one, complete in the buffer: one data component and
+    /// nothing else (no control code, reply port or descriptor), with, towards a port, no reply
+    /// token or a REPLY_BACK request's, and on a reply channel an answer's token. Returns its
+    /// msgid, its reply token (0 for none) and its bytes, made as
+    /// `next(frame:descriptors:reusing:)` makes them, and consumes it.
     ///
     /// `nil`, with nothing consumed, for anything else: a decoder not open, a partial frame,
     /// another shape, a broken rule. `next(frame:descriptors:reusing:)` then decodes that frame,
-    /// or finds what is wrong with it. What this lets through is the shape
-    /// `WireFrameHeader.validate(limits:direction:)` lets through at its first test, with its
-    /// one component obeying every rule the general decoding checks and filling the frame
-    /// exactly; so a stream decodes to the same frames, in the same order, with the same
-    /// descriptors left queued, whether or not its reader asks here first (the wire fuzzer
-    /// checks this on every input). It skips the general decoding's frame value (its components,
-    /// their counts, their destruction) and its checks of shapes the usual frame does not have:
-    /// about 315 instructions a message (docs/performance-history.md).
-    mutating func nextUsualFrame(reusing spare: inout [UInt8]) -> (msgid: UInt32, bytes: [UInt8])? {
-        guard case .open = state, direction == .toPort else { return nil }
+    /// or finds what is wrong with it. What this lets through obeys every rule
+    /// `WireFrameHeader.validate(limits:direction:)` checks (REPLY_BACK with a token that is not
+    /// 0, towards a port only; a token, and no flag, on a reply channel), with its one component
+    /// obeying every rule the general decoding checks and filling the frame exactly; so a stream
+    /// decodes to the same frames, in the same order, with the same descriptors left queued,
+    /// whether or not its reader asks here first (the wire fuzzer checks this on every input,
+    /// both ways). It skips the general decoding's frame value (its components, their counts,
+    /// their destruction) and its checks of shapes the usual frame does not have: about 315
+    /// instructions a message (docs/performance-history.md); a request and its answer skip the
+    /// same (docs/decisions.md, "A request and its answer are usual messages too").
+    mutating func nextUsualFrame(reusing spare: inout [UInt8]) -> (msgid: UInt32, replyToken: UInt16, bytes: [UInt8])? {
+        guard case .open = state else { return nil }
         let headers = WireFormat.frameHeaderByteCount + WireFormat.componentHeaderByteCount
         guard buffer.count >= headers else { return nil }
         let ceiling = limits.maxFrameBytes(componentCount: 1)
-        let found = buffer.withUnsafeBytes { raw -> (msgid: UInt32, length: Int, bytes: [UInt8])? in
+        let towardsPort = direction == .toPort
+        let found = buffer.withUnsafeBytes { raw -> (msgid: UInt32, token: UInt16, length: Int, bytes: [UInt8])? in
             let first = raw.loadLittleEndian(UInt64.self, at: 0)
             let length = Int(truncatingIfNeeded: first & 0xFFFF_FFFF)
-            // One component, and no flag, descriptor count or reply token: the second word is 1.
-            guard raw.loadLittleEndian(UInt64.self, at: 8) == 1, length >= headers, length <= ceiling,
-                  length <= raw.count else { return nil }
+            // One component, and no flag, descriptor or reply token: the second word is 1 (the
+            // usual message, towards a port). Otherwise one component and no descriptor, and a
+            // token that is not 0: towards a port with REPLY_BACK, on a reply channel with no flag.
+            let second = raw.loadLittleEndian(UInt64.self, at: 8)
+            var token: UInt16 = 0
+            if second != 1 || !towardsPort {
+                token = UInt16(truncatingIfNeeded: second >> 48)
+                let shape: UInt64 = towardsPort ? 1 | UInt64(WireFormat.replyBackFlag) << 16 : 1
+                guard token != 0, second & 0xFFFF_FFFF_FFFF == shape else { return nil }
+            }
+            guard length >= headers, length <= ceiling, length <= raw.count else { return nil }
             // A data component, reserved bytes zero, whose length is the rest of the frame.
             let component = raw.loadLittleEndian(UInt64.self, at: WireFormat.frameHeaderByteCount)
             guard component == UInt64(WireFormat.dataComponentType) | UInt64(length - headers) << 32 else { return nil }
             let bytes = SpareBytes.copy(UnsafeRawBufferPointer(rebasing: raw[headers..<length]), reusing: &spare)
-            return (UInt32(truncatingIfNeeded: first >> 32), length, bytes)
+            return (UInt32(truncatingIfNeeded: first >> 32), token, length, bytes)
         }
         guard let found else { return nil }
         buffer.consume(found.length)
-        return (found.msgid, found.bytes)
+        return (found.msgid, found.token, found.bytes)
     }
 
     /// Nothing to decode and nothing to check: open, with no byte buffered and no descriptor

@@ -36,15 +36,15 @@ enum WireEncoder {
 
     /// Writes the usual message's frame, `frame`, whose `encodedSize` is `size`, at the start of
     /// `raw` (which must have room for it): the bytes `encode(_:size:into:)` writes for a
-    /// `WireFrame` of one data component holding the same payload, and nothing else.
+    /// `WireFrame` of one data component holding the same payload, with the same REPLY_BACK
+    /// flag and reply token, and nothing else.
     static func encode(_ frame: WirePlainFrame, size: Int, into raw: UnsafeMutableRawBufferPointer) {
         let headers = WireFormat.frameHeaderByteCount + WireFormat.componentHeaderByteCount
         let payload = frame.payload.count
         precondition(size == headers + payload && raw.count >= size, "WireEncoder: no room for the frame")
         precondition(size <= Int(UInt32.max), "WireEncoder: a frame of \(size) bytes does not fit a u32 length")
         raw.storeBytes(of: (UInt64(size) | UInt64(frame.msgid) << 32).littleEndian, toByteOffset: 0, as: UInt64.self)
-        // One component; no flag, descriptor or reply token.
-        raw.storeBytes(of: UInt64(1).littleEndian, toByteOffset: 8, as: UInt64.self)
+        raw.storeBytes(of: frame.countsAndToken.littleEndian, toByteOffset: 8, as: UInt64.self)
         raw.storeBytes(of: (UInt64(WireFormat.dataComponentType) | UInt64(payload) << 32).littleEndian,
                        toByteOffset: WireFormat.frameHeaderByteCount, as: UInt64.self)
         if let source = frame.payload.baseAddress, payload > 0 {
@@ -179,17 +179,37 @@ extension WireFrame: WireEncodable {
     func encode(size: Int, into raw: UnsafeMutableRawBufferPointer) { WireEncoder.encode(self, size: size, into: raw) }
 }
 
-/// The usual message's frame, towards a port: one data component, `payload`, and nothing else
-/// (no reply port, control code or reply token). A sender encodes it from the message's bytes
-/// where they are: it makes no `WireFrame` (no components value, whose making and destruction
-/// retain and release the bytes) and skips the general encoder's walk over components. The
-/// payload must stay valid while the frame is encoded: a sender makes one for the length of a
-/// write, on its own thread (so it is Sendable though it points at memory it does not own).
+/// The usual message's frame: one data component, `payload`, and nothing else (no reply port,
+/// control code or descriptor). Towards a port, either no reply token, or a REPLY_BACK request
+/// with its token; on a reply channel, an answer with its token. A sender encodes it from the
+/// message's bytes where they are: it makes no `WireFrame` (no components value, whose making
+/// and destruction retain and release the bytes) and skips the general encoder's walk over
+/// components. The payload must stay valid while the frame is encoded: a sender makes one for
+/// the length of a write, on its own thread (so it is Sendable though it points at memory it
+/// does not own).
 struct WirePlainFrame: WireEncodable, @unchecked Sendable {
     /// The message identifier.
     let msgid: UInt32
     /// The one data component's bytes.
     let payload: UnsafeRawBufferPointer
+    /// The header's second word: one component and no descriptor; the flags and the reply
+    /// token (made once, so that the usual message's encoding only stores it).
+    let countsAndToken: UInt64
+
+    /// The usual message's frame: no flag, no reply token.
+    init(msgid: UInt32, payload: UnsafeRawBufferPointer) {
+        self.msgid = msgid
+        self.payload = payload
+        countsAndToken = 1
+    }
+
+    /// A request with the REPLY_BACK flag (`repliesBack`), towards a port, or an answer on a
+    /// reply channel; `replyToken` names the request.
+    init(msgid: UInt32, payload: UnsafeRawBufferPointer, repliesBack: Bool, replyToken: UInt16) {
+        self.msgid = msgid
+        self.payload = payload
+        countsAndToken = 1 | (repliesBack ? UInt64(WireFormat.replyBackFlag) << 16 : 0) | UInt64(replyToken) << 48
+    }
 
     var encodedSize: Int { WireFormat.frameHeaderByteCount + WireFormat.componentHeaderByteCount + payload.count }
     func encode(size: Int, into raw: UnsafeMutableRawBufferPointer) { WireEncoder.encode(self, size: size, into: raw) }

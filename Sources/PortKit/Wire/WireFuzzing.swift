@@ -101,7 +101,9 @@ enum WireFuzzing {
     private static func nextEvent(_ decoder: inout WireDecoder, usualFirst: Bool, spare: inout [UInt8]) throws(WireError) -> WireEvent? {
         if usualFirst {
             if let usual = decoder.nextUsualFrame(reusing: &spare) {
-                return .frame(WireFrame(msgid: usual.msgid, components: [.data(usual.bytes)]), descriptors: [])
+                let repliesBack = usual.replyToken != 0 && decoder.direction == .toPort
+                return .frame(WireFrame(msgid: usual.msgid, repliesBack: repliesBack, replyToken: usual.replyToken,
+                                        components: [.data(usual.bytes)]), descriptors: [])
             }
             if decoder.isDrained {
                 // What a connection then skips must be nothing: no event, no error.

@@ -1,7 +1,8 @@
 // The usual message's shortcuts on both sides of the wire: `WirePlainFrame` encodes exactly the
-// bytes of a `WireFrame` of one data component, and `WireDecoder.nextUsualFrame(reusing:)` takes
-// exactly the frames the general decoding would give as that message, leaving every other frame
-// (and every broken one) to `next()`, which then decodes it or refuses it as it always did.
+// bytes of a `WireFrame` of one data component (a REPLY_BACK request's, or an answer's on a reply
+// channel, with its token), and `WireDecoder.nextUsualFrame(reusing:)` takes exactly the frames
+// the general decoding would give as that message, leaving every other frame (and every broken
+// one) to `next()`, which then decodes it or refuses it as it always did.
 
 import Testing
 @testable import PortKit
@@ -15,18 +16,24 @@ struct WireUsualFrameTests {
         return bytes
     }
 
-    @Test("a plain frame encodes to the general frame's bytes, at every size")
+    @Test("a plain frame encodes to the general frame's bytes, at every size, with and without a token")
     func plainFrameBytes() {
+        // No token; a REPLY_BACK request's token; an answer's token (on a reply channel).
+        let requests: [(repliesBack: Bool, token: UInt16)] = [(false, 0), (true, 1), (true, .max), (false, 513)]
         for size in [0, 1, 7, 8, 9, 63, 64, 65, 1000, 4096, 70_000] {
             let payload = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 5) }
             let msgid: UInt32 = size == 64 ? .max : UInt32(size) &+ 100
-            let expected = general(WireFrame(msgid: msgid, components: [.data(payload)]))
-            payload.withUnsafeBytes { raw in
-                let plain = WirePlainFrame(msgid: msgid, payload: raw)
-                #expect(plain.encodedSize == expected.count)
-                var appended: [UInt8] = [0xEE]  // after bytes already there, as pending bytes are
-                WireEncoder.appendEncoded(plain, to: &appended)
-                #expect(appended == [0xEE] + expected, "size \(size)")
+            for (repliesBack, token) in requests {
+                let expected = general(WireFrame(msgid: msgid, repliesBack: repliesBack, replyToken: token,
+                                                 components: [.data(payload)]))
+                payload.withUnsafeBytes { raw in
+                    let plain = token == 0 ? WirePlainFrame(msgid: msgid, payload: raw)
+                        : WirePlainFrame(msgid: msgid, payload: raw, repliesBack: repliesBack, replyToken: token)
+                    #expect(plain.encodedSize == expected.count)
+                    var appended: [UInt8] = [0xEE]  // after bytes already there, as pending bytes are
+                    WireEncoder.appendEncoded(plain, to: &appended)
+                    #expect(appended == [0xEE] + expected, "size \(size), token \(token)")
+                }
             }
         }
     }
@@ -88,8 +95,9 @@ struct WireUsualFrameTests {
             WireFrame(msgid: 2, components: [.data(data), .data(data)]),
             WireFrame(msgid: 3, hasReplyPort: true, components: [.data(data)]),
             WireFrame(msgid: 4, components: [.port]),
-            WireFrame(msgid: 5, repliesBack: true, replyToken: 3, components: [.data(data)]),
+            WireFrame(msgid: 5, repliesBack: true, replyToken: 3, components: [.data(data), .data(data)]),
             WireFrame.attachSender(),
+            WireFrame.control(.replyCancelled, replyToken: 3),
         ] {
             var encoded: [UInt8] = []
             WireEncoder.append(frame, to: &encoded)
@@ -117,6 +125,23 @@ struct WireUsualFrameTests {
         }))
         cases.append(("reply token on a plain frame", bytes {
             $0.frameHeader(length: 16 + 8 + 8, componentCount: 1, reserved: 5)
+            $0.componentHeader(type: 1, length: 8)
+            $0.raw(data)
+        }))
+        cases.append(("REPLY_BACK with the reply token 0", bytes {
+            $0.frameHeader(length: 16 + 8 + 8, componentCount: 1, flags: WireFormat.replyBackFlag)
+            $0.componentHeader(type: 1, length: 8)
+            $0.raw(data)
+        }))
+        cases.append(("REPLY_BACK with a reply port", bytes {
+            $0.frameHeader(length: 16 + 8 + 8, componentCount: 1, flags: WireFormat.replyBackFlag | WireFormat.replyPortFlag,
+                           descriptorCount: 1, reserved: 3)
+            $0.componentHeader(type: 1, length: 8)
+            $0.raw(data)
+        }))
+        cases.append(("REPLY_BACK on a control frame", bytes {
+            $0.frameHeader(length: 16 + 8 + 8, msgid: 2, componentCount: 1, flags: WireFormat.replyBackFlag | WireFormat.controlFlag,
+                           reserved: 3)
             $0.componentHeader(type: 1, length: 8)
             $0.raw(data)
         }))
@@ -168,12 +193,9 @@ struct WireUsualFrameTests {
         }
     }
 
-    @Test("a partial usual frame waits, and a reply channel never takes the shortcut")
-    func partialAndReplyChannel() throws {
+    @Test("a partial usual frame waits")
+    func partialFrame() throws {
         let frame = general(WireFrame(msgid: 5, components: [.data([1, 2, 3, 4])]))
-        var decoder = WireDecoder()
-        encodeStream([]).withUnsafeBytes { decoder.append(bytes: $0) }
-        #expect(try decoder.next() == .greeting(testGreeting))
         var spare: [UInt8] = []
         for end in [1, 16, 24, frame.count - 1] {
             var partial = WireDecoder()
@@ -182,10 +204,49 @@ struct WireUsualFrameTests {
             #expect(partial.nextUsualFrame(reusing: &spare) == nil, "\(end) bytes")
             #expect(partial.bufferedByteCount == end)
         }
-        var reply = WireDecoder(direction: .toRequester)
-        (encodeStream([]) + frame).withUnsafeBytes { reply.append(bytes: $0) }
-        _ = try reply.next()
-        #expect(reply.nextUsualFrame(reusing: &spare) == nil)
+    }
+
+    /// A REPLY_BACK request towards a port, and an answer on a reply channel, are usual frames
+    /// with their tokens; on a reply channel a frame with no token, or with REPLY_BACK, is
+    /// broken, and left to `next()`, which refuses it as before.
+    @Test("requests and answers take the shortcut with their tokens; broken ones are left to next()")
+    func requestsAndAnswers() throws {
+        let data: [UInt8] = [1, 2, 3, 4]
+        let cases: [(WireDirection, WireFrame, taken: Bool)] = [
+            (.toPort, WireFrame(msgid: 5, repliesBack: true, replyToken: 9, components: [.data(data)]), true),
+            (.toPort, WireFrame(msgid: 6, repliesBack: true, replyToken: .max, components: [.data([])]), true),
+            (.toRequester, WireFrame(msgid: 7, replyToken: 9, components: [.data(data)]), true),
+            (.toRequester, WireFrame(msgid: 8, components: [.data(data)]), false),
+            (.toRequester, WireFrame(msgid: 9, repliesBack: true, replyToken: 9, components: [.data(data)]), false),
+            (.toPort, WireFrame(msgid: 10, replyToken: 9, components: [.data(data)]), false),
+        ]
+        for (direction, frame, taken) in cases {
+            let stream = encodeStream([frame])
+            let expected = decode(stream, direction: direction)
+            var decoder = WireDecoder(direction: direction)
+            stream.withUnsafeBytes { decoder.append(bytes: $0) }
+            var outcome = DecodeOutcome()
+            var spare: [UInt8] = []
+            do {
+                outcome.events.append(try #require(try decoder.next()))
+                let before = decoder.bufferedByteCount
+                if let usual = decoder.nextUsualFrame(reusing: &spare) {
+                    #expect(taken, "frame \(frame.msgid)")
+                    let repliesBack = direction == .toPort && usual.replyToken != 0
+                    outcome.events.append(.frame(WireFrame(msgid: usual.msgid, repliesBack: repliesBack, replyToken: usual.replyToken,
+                                                           components: [.data(usual.bytes)]), descriptors: []))
+                } else {
+                    #expect(!taken, "frame \(frame.msgid)")
+                    #expect(decoder.bufferedByteCount == before, "frame \(frame.msgid): nothing consumed")
+                }
+                while let event = try decoder.next() { outcome.events.append(event) }
+            } catch let error as WireError {
+                outcome.error = error
+            }
+            expectSameEvents(outcome.events, expected.events, "frame \(frame.msgid)")
+            #expect(outcome.error == expected.error, "frame \(frame.msgid)")
+            #expect((expected.error == nil) == taken, "frame \(frame.msgid): only the valid ones are taken")
+        }
     }
 
     @Test("random streams decode the same with the shortcut as without", arguments: 0..<4)
@@ -195,7 +256,10 @@ struct WireUsualFrameTests {
             var stream = encodeStream([])
             for _ in 0..<Int.random(in: 1...6, using: &random) {
                 let payload = (0..<Int.random(in: 0...80, using: &random)).map { _ in UInt8.random(in: 0...255, using: &random) }
-                stream += general(WireFrame(msgid: UInt32.random(in: 0...9, using: &random), components: [.data(payload)]))
+                // Now and then a REPLY_BACK request.
+                let token: UInt16 = Int.random(in: 0..<3, using: &random) == 0 ? UInt16.random(in: 1...UInt16.max, using: &random) : 0
+                stream += general(WireFrame(msgid: UInt32.random(in: 0...9, using: &random), repliesBack: token != 0, replyToken: token,
+                                            components: [.data(payload)]))
             }
             // Now and then a byte of it broken.
             if Bool.random(using: &random) {
@@ -216,7 +280,9 @@ struct WireUsualFrameTests {
                 do throws(WireError) {
                     while true {
                         if let usual = decoder.nextUsualFrame(reusing: &spare) {
-                            outcome.events.append(.frame(WireFrame(msgid: usual.msgid, components: [.data(usual.bytes)]), descriptors: []))
+                            outcome.events.append(.frame(WireFrame(msgid: usual.msgid, repliesBack: usual.replyToken != 0,
+                                                                   replyToken: usual.replyToken, components: [.data(usual.bytes)]),
+                                                         descriptors: []))
                         } else if let event = try decoder.next() {
                             outcome.events.append(event)
                         } else {
