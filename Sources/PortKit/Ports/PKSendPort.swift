@@ -103,6 +103,7 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         // on the connection (REPLY_BACK), or that answer, is encoded from its bytes where they
         // are: no frame to make. The tokens are never 0 (the reader's `nextToken()`, and a
         // request's, which the decoder checked), so the frame breaks no rule but the length's.
+        assert(replyRight == nil || replyBackToken == 0, "PKSendPort: an answer makes no request of its own")
         if case .bytes(let bytes) = message.body, message.replyPort == nil {
             do throws(WireError) { try WireEncoder.check(dataByteCount: bytes.count, limits: PKPortLimits.default.wire) } catch {
                 throw overLimits(error)

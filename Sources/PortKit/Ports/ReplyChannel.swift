@@ -94,11 +94,14 @@ final class ReplyChannelReader: @unchecked Sendable {
         var frame = WireFrame(msgid: 0)
         var descriptors: [Int32] = []
         while true {
-            // An answer of its bytes alone skips the general decoding (the same message).
+            // An answer of its bytes alone skips the general decoding (the same message), and a
+            // read that held only such answers ends here. (The spare stays empty: an answer is
+            // the requester's to keep, and no bytes come back to reuse.)
             if let usual = decoder.nextUsualFrame(reusing: &scratch.spare) {
                 handle(.message(PKPortMessage(msgid: usual.msgid, data: usual.bytes), token: usual.replyToken))
                 continue
             }
+            if decoder.isDrained { return nil }
             let found: WireDecoder.Found?
             do throws(WireError) { found = try decoder.next(frame: &frame, descriptors: &descriptors) } catch {
                 return error.description

@@ -450,3 +450,12 @@ struct WireDecoder {
         }
     }
 }
+
+extension WireFrame {
+    /// The frame the general decoding gives for `usual`, a frame `nextUsualFrame(reusing:)` took
+    /// travelling in `direction` (for the wire fuzzer and the tests, which compare the two).
+    init(usual: (msgid: UInt32, replyToken: UInt16, bytes: [UInt8]), direction: WireDirection) {
+        self.init(msgid: usual.msgid, repliesBack: usual.replyToken != 0 && direction == .toPort,
+                  replyToken: usual.replyToken, components: [.data(usual.bytes)])
+    }
+}

@@ -122,7 +122,8 @@ enum WireEncoder {
     }
 
     /// Checks a message's data bytes against `limits`: all `check(_:limits:direction:)` asks of
-    /// the usual message (see there), and so all a `WirePlainFrame` needs.
+    /// the usual message (see there), and so all a `WirePlainFrame` needs, given a reply token
+    /// that is not 0 when it has one (`PKSendPort`'s writer passes only such tokens).
     ///
     /// - Throws: `.frameTooLong` when the bytes are over `maxMessageBytes`.
     @inline(__always)
@@ -208,6 +209,7 @@ struct WirePlainFrame: WireEncodable, @unchecked Sendable {
     init(msgid: UInt32, payload: UnsafeRawBufferPointer, repliesBack: Bool, replyToken: UInt16) {
         self.msgid = msgid
         self.payload = payload
+        assert(replyToken != 0, "WirePlainFrame: a request's or an answer's token is never 0")
         countsAndToken = 1 | (repliesBack ? UInt64(WireFormat.replyBackFlag) << 16 : 0) | UInt64(replyToken) << 48
     }
 

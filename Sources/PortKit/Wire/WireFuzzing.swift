@@ -46,8 +46,9 @@
 /// - A failed decoder stays failed: `next()` and `finish()` rethrow the first error.
 /// - After a clean `finish()` the decoder is `closed` and nothing was left in it.
 /// - The usual frame's shortcut changes nothing: every stream is also read with its decoder
-///   asked `nextUsualFrame(reusing:)` before each `next()` (as a port's connection reads), and
-///   gives the same events, the same error and the same descriptors as with `next()` alone.
+///   asked `nextUsualFrame(reusing:)` before each `next()` (as a port's connection and a reply
+///   channel's reader read), and gives the same events, the same error and the same
+///   descriptors as with `next()` alone.
 enum WireFuzzing {
     /// Runs one fuzz input through the decoder and checks every property; traps on a violation.
     static func exercise(_ input: UnsafeRawBufferPointer) {
@@ -101,9 +102,7 @@ enum WireFuzzing {
     private static func nextEvent(_ decoder: inout WireDecoder, usualFirst: Bool, spare: inout [UInt8]) throws(WireError) -> WireEvent? {
         if usualFirst {
             if let usual = decoder.nextUsualFrame(reusing: &spare) {
-                let repliesBack = usual.replyToken != 0 && decoder.direction == .toPort
-                return .frame(WireFrame(msgid: usual.msgid, repliesBack: repliesBack, replyToken: usual.replyToken,
-                                        components: [.data(usual.bytes)]), descriptors: [])
+                return .frame(WireFrame(usual: usual, direction: decoder.direction), descriptors: [])
             }
             if decoder.isDrained {
                 // What a connection then skips must be nothing: no event, no error.

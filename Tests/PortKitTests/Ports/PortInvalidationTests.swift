@@ -48,9 +48,11 @@ import Testing
     /// What a reused reply port's revoked senders left is dropped, whichever way it came: a
     /// message in the mailbox, one taken from it but not delivered yet (the revoke comes from
     /// a handler), one on a connection that has not greeted yet, one on a connection handed
-    /// over from another thread and not adopted yet. The revoked rights fail and their watch fires; a
-    /// right made afterwards works, and its message alone is delivered. (`revokeSenders` looks
-    /// at each part before touching it: each is filled here.)
+    /// over from another thread and not adopted yet. The revoked rights fail and their watch
+    /// fires; a right made afterwards works, and its message alone is delivered. (`revokeSenders`
+    /// looks at each part before touching it: the mailbox, the local queue, the connections and
+    /// the adoptions are filled here; the lists of accepted connections awaiting their greeting
+    /// and of connections with messages ready are not.)
     @Test func revokingSendersDropsEverythingTheyLeft() throws {
         let (delivered, codes, watched) = try onPortLoopThread { loop -> ([UInt32], [PKError.Code?], Int) in
             var delivered: [UInt32] = []

@@ -207,23 +207,49 @@ struct WireUsualFrameTests {
     }
 
     /// A REPLY_BACK request towards a port, and an answer on a reply channel, are usual frames
-    /// with their tokens; on a reply channel a frame with no token, or with REPLY_BACK, is
+    /// with their tokens. A token where none belongs, none where one must be, REPLY_BACK on a
+    /// reply channel, or a token beside a descriptor, a control code or an unknown flag, is
     /// broken, and left to `next()`, which refuses it as before.
     @Test("requests and answers take the shortcut with their tokens; broken ones are left to next()")
     func requestsAndAnswers() throws {
         let data: [UInt8] = [1, 2, 3, 4]
-        let cases: [(WireDirection, WireFrame, taken: Bool)] = [
-            (.toPort, WireFrame(msgid: 5, repliesBack: true, replyToken: 9, components: [.data(data)]), true),
-            (.toPort, WireFrame(msgid: 6, repliesBack: true, replyToken: .max, components: [.data([])]), true),
-            (.toRequester, WireFrame(msgid: 7, replyToken: 9, components: [.data(data)]), true),
-            (.toRequester, WireFrame(msgid: 8, components: [.data(data)]), false),
-            (.toRequester, WireFrame(msgid: 9, repliesBack: true, replyToken: 9, components: [.data(data)]), false),
-            (.toPort, WireFrame(msgid: 10, replyToken: 9, components: [.data(data)]), false),
+        func frame(_ frame: WireFrame) -> [UInt8] { general(frame) }
+        /// One data component of `data` under a header with these fields.
+        func raw(flags: UInt16, descriptors: UInt16 = 0, token: UInt16) -> [UInt8] {
+            var writer = ByteWriter()
+            writer.frameHeader(length: 16 + 8 + 4, msgid: 2, componentCount: 1, flags: flags, descriptorCount: descriptors,
+                               reserved: token)
+            writer.componentHeader(type: 1, length: 4)
+            writer.raw(data)
+            return writer.bytes
+        }
+        let back = WireFormat.replyBackFlag
+        // Taken by the shortcut; left to `next()`, which decodes it; left to `next()`, which refuses it.
+        enum Outcome { case taken, left, refused }
+        let cases: [(String, WireDirection, [UInt8], Outcome)] = [
+            ("a request", .toPort, frame(WireFrame(msgid: 5, repliesBack: true, replyToken: 9, components: [.data(data)])), .taken),
+            ("an empty request, the largest token", .toPort,
+             frame(WireFrame(msgid: 6, repliesBack: true, replyToken: .max, components: [.data([])])), .taken),
+            ("an answer", .toRequester, frame(WireFrame(msgid: 7, replyToken: 9, components: [.data(data)])), .taken),
+            ("an answer with a reply port", .toRequester, raw(flags: WireFormat.replyPortFlag, descriptors: 1, token: 9), .left),
+            ("an answer with no token", .toRequester, frame(WireFrame(msgid: 8, components: [.data(data)])), .refused),
+            ("REPLY_BACK on a reply channel", .toRequester, raw(flags: back, token: 9), .refused),
+            ("a token with no REPLY_BACK", .toPort, raw(flags: 0, token: 9), .refused),
+            ("REPLY_BACK with the token 0", .toPort, raw(flags: back, token: 0), .refused),
+            ("a request claiming a descriptor", .toPort, raw(flags: back, descriptors: 1, token: 9), .refused),
+            ("an answer claiming a descriptor", .toRequester, raw(flags: 0, descriptors: 1, token: 9), .refused),
+            ("a request with the CONTROL flag", .toPort, raw(flags: back | WireFormat.controlFlag, token: 9), .refused),
+            ("an answer with the CONTROL flag", .toRequester, raw(flags: WireFormat.controlFlag, token: 9), .refused),
+            ("a request with an unknown flag", .toPort, raw(flags: back | 0x8000, token: 9), .refused),
+            ("an answer with an unknown flag", .toRequester, raw(flags: 0x8000, token: 9), .refused),
         ]
-        for (direction, frame, taken) in cases {
-            let stream = encodeStream([frame])
-            let expected = decode(stream, direction: direction)
+        for (name, direction, bytes, outcomeExpected) in cases {
+            let taken = outcomeExpected == .taken
+            let stream = encodeStream([]) + bytes
+            let descriptors = fakeDescriptors(1)
+            let expected = decode(stream, descriptors: descriptors, direction: direction)
             var decoder = WireDecoder(direction: direction)
+            decoder.append(descriptors: descriptors)
             stream.withUnsafeBytes { decoder.append(bytes: $0) }
             var outcome = DecodeOutcome()
             var spare: [UInt8] = []
@@ -231,21 +257,19 @@ struct WireUsualFrameTests {
                 outcome.events.append(try #require(try decoder.next()))
                 let before = decoder.bufferedByteCount
                 if let usual = decoder.nextUsualFrame(reusing: &spare) {
-                    #expect(taken, "frame \(frame.msgid)")
-                    let repliesBack = direction == .toPort && usual.replyToken != 0
-                    outcome.events.append(.frame(WireFrame(msgid: usual.msgid, repliesBack: repliesBack, replyToken: usual.replyToken,
-                                                           components: [.data(usual.bytes)]), descriptors: []))
+                    #expect(taken, "\(name)")
+                    outcome.events.append(.frame(WireFrame(usual: usual, direction: direction), descriptors: []))
                 } else {
-                    #expect(!taken, "frame \(frame.msgid)")
-                    #expect(decoder.bufferedByteCount == before, "frame \(frame.msgid): nothing consumed")
+                    #expect(!taken, "\(name)")
+                    #expect(decoder.bufferedByteCount == before, "\(name): nothing consumed")
                 }
                 while let event = try decoder.next() { outcome.events.append(event) }
             } catch let error as WireError {
                 outcome.error = error
             }
-            expectSameEvents(outcome.events, expected.events, "frame \(frame.msgid)")
-            #expect(outcome.error == expected.error, "frame \(frame.msgid)")
-            #expect((expected.error == nil) == taken, "frame \(frame.msgid): only the valid ones are taken")
+            expectSameEvents(outcome.events, expected.events, name)
+            #expect(outcome.error == expected.error, "\(name)")
+            #expect((expected.error != nil) == (outcomeExpected == .refused), "\(name): refused by the general decoding")
         }
     }
 
@@ -280,9 +304,7 @@ struct WireUsualFrameTests {
                 do throws(WireError) {
                     while true {
                         if let usual = decoder.nextUsualFrame(reusing: &spare) {
-                            outcome.events.append(.frame(WireFrame(msgid: usual.msgid, repliesBack: usual.replyToken != 0,
-                                                                   replyToken: usual.replyToken, components: [.data(usual.bytes)]),
-                                                         descriptors: []))
+                            outcome.events.append(.frame(WireFrame(usual: usual, direction: .toPort), descriptors: []))
                         } else if let event = try decoder.next() {
                             outcome.events.append(event)
                         } else {
