@@ -119,7 +119,9 @@ import Testing
     /// A request's frames on the wire, and what a port's owner may write back: a late answer
     /// (another token) is dropped and the answer taken; NO_REPLY ends the wait at once; a
     /// channel that breaks the protocol fails its request with `.transport`, after which the
-    /// right still works and requests send a reply port of their own.
+    /// right still works and requests send a reply port of their own. The requests and the
+    /// answers carry bytes, so both sides' usual-message shortcuts (a plain frame with a token,
+    /// and the reader's `nextUsualFrame`) meet a peer that uses the general encoding.
     @Test func whatTheRequesterMakesOfItsReplyChannel() throws {
         let pair = try RawPortSide.pair()
         let right = pair.right
@@ -127,10 +129,13 @@ import Testing
             pair.side.run { side in
                 // 1: a late answer to another request first, then the answer.
                 var (request, _) = try side.nextFrame()
-                try side.expect(request.repliesBack && !request.hasReplyPort && request.replyToken != 0, "request 1: \(request)")
+                try side.expect(request.repliesBack && !request.hasReplyPort && request.replyToken != 0
+                                    && request.components == [.data(Array("request 1".utf8))], "request 1: \(request)")
                 var bytes = RawPeer.greeting
-                WireEncoder.append(WireFrame(msgid: 500, replyToken: request.replyToken &+ 100), to: &bytes)
-                WireEncoder.append(WireFrame(msgid: 501, replyToken: request.replyToken), to: &bytes)
+                WireEncoder.append(WireFrame(msgid: 500, replyToken: request.replyToken &+ 100, components: [.data(Array("late".utf8))]),
+                                   to: &bytes)
+                WireEncoder.append(WireFrame(msgid: 501, replyToken: request.replyToken, components: [.data(Array("answer".utf8))]),
+                                   to: &bytes)
                 try side.write(bytes)
                 let first = request.replyToken
                 // 2: NO_REPLY.
@@ -143,7 +148,7 @@ import Testing
                 (request, _) = try side.nextFrame()
                 try side.expect(request.repliesBack, "request 3: \(request)")
                 bytes = []
-                WireEncoder.append(WireFrame(msgid: 503), to: &bytes)
+                WireEncoder.append(WireFrame(msgid: 503, components: [.data([3])]), to: &bytes)
                 try side.write(bytes)
                 // 4: a reply port of its own now; the answer goes there.
                 let descriptors: [Int32]
@@ -159,8 +164,9 @@ import Testing
             var outcomes: [String] = []
             for msgid in UInt32(1)...4 {
                 do {
-                    let reply = try right.sendRequest(PKPortMessage(msgid: msgid), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
-                    outcomes.append("reply \(reply?.msgid ?? 0)")
+                    let request = PKPortMessage(msgid: msgid, data: Array("request \(msgid)".utf8))
+                    let reply = try right.sendRequest(request, sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
+                    outcomes.append("reply \(reply?.msgid ?? 0) \(String(decoding: reply?.data ?? [], as: UTF8.self))")
                 } catch let error as PKError {
                     outcomes.append("\(error.code)")
                 }
@@ -169,7 +175,7 @@ import Testing
         }
         try script.joinPatiently()
         #expect(pair.side.failures.isEmpty, "\(pair.side.failures)")
-        #expect(outcomes == ["reply 501", "portInvalidated", "transport", "reply 504"])
+        #expect(outcomes == ["reply 501 answer", "portInvalidated", "transport", "reply 504 "])
         pair.side.close()
     }
 
