@@ -168,28 +168,8 @@ struct WireUsualFrameTests {
             var stream = encodeStream([WireFrame(msgid: 77, components: [.data([1, 2, 3])])])
             stream += frame
             let descriptors = fakeDescriptors(2)
-            let expected = decode(stream, descriptors: descriptors)
-
-            var decoder = WireDecoder()
-            decoder.append(descriptors: descriptors)
-            stream.withUnsafeBytes { decoder.append(bytes: $0) }
-            var outcome = DecodeOutcome()
-            var spare: [UInt8] = []
-            do {
-                let greeting = try decoder.next()
-                outcome.events.append(try #require(greeting))
-                let found = decoder.nextUsualFrame(reusing: &spare)
-                let usual = try #require(found, "\(name)")
-                outcome.events.append(.frame(WireFrame(msgid: usual.msgid, components: [.data(usual.bytes)]), descriptors: []))
-                let before = decoder.bufferedByteCount
-                #expect(decoder.nextUsualFrame(reusing: &spare) == nil, "\(name)")
-                #expect(decoder.bufferedByteCount == before, "\(name): nothing consumed")
-                while let event = try decoder.next() { outcome.events.append(event) }
-            } catch let error as WireError {
-                outcome.error = error
-            }
-            expectSameEvents(outcome.events, expected.events, name)
-            #expect(outcome.error == expected.error, "\(name)")
+            // The usual frame is taken; the other one is left whole.
+            try expectShortcutThenGeneral(stream, descriptors: descriptors, direction: .toPort, taken: [true, false], name)
         }
     }
 
@@ -246,31 +226,45 @@ struct WireUsualFrameTests {
         for (name, direction, bytes, outcomeExpected) in cases {
             let taken = outcomeExpected == .taken
             let stream = encodeStream([]) + bytes
-            let descriptors = fakeDescriptors(1)
-            let expected = decode(stream, descriptors: descriptors, direction: direction)
-            var decoder = WireDecoder(direction: direction)
-            decoder.append(descriptors: descriptors)
-            stream.withUnsafeBytes { decoder.append(bytes: $0) }
-            var outcome = DecodeOutcome()
-            var spare: [UInt8] = []
-            do {
-                outcome.events.append(try #require(try decoder.next()))
-                let before = decoder.bufferedByteCount
-                if let usual = decoder.nextUsualFrame(reusing: &spare) {
-                    #expect(taken, "\(name)")
-                    outcome.events.append(.frame(WireFrame(usual: usual, direction: direction), descriptors: []))
-                } else {
-                    #expect(!taken, "\(name)")
-                    #expect(decoder.bufferedByteCount == before, "\(name): nothing consumed")
-                }
-                while let event = try decoder.next() { outcome.events.append(event) }
-            } catch let error as WireError {
-                outcome.error = error
-            }
-            expectSameEvents(outcome.events, expected.events, name)
-            #expect(outcome.error == expected.error, "\(name)")
+            let expected = try expectShortcutThenGeneral(stream, descriptors: fakeDescriptors(1), direction: direction,
+                                                         taken: [taken], name)
             #expect((expected.error != nil) == (outcomeExpected == .refused), "\(name): refused by the general decoding")
         }
+    }
+
+    /// Reads `stream` (the test greeting first) asking the shortcut once per entry of `taken`,
+    /// each time expecting it to take the next frame or to leave it whole (nothing consumed),
+    /// then the rest with `next()`; expects the events and the error the general decoding
+    /// gives alone, which it returns.
+    @discardableResult
+    private func expectShortcutThenGeneral(
+        _ stream: [UInt8], descriptors: [Int32], direction: WireDirection, taken: [Bool], _ name: String
+    ) throws -> DecodeOutcome {
+        let expected = decode(stream, descriptors: descriptors, direction: direction)
+        var decoder = WireDecoder(direction: direction)
+        decoder.append(descriptors: descriptors)
+        stream.withUnsafeBytes { decoder.append(bytes: $0) }
+        var outcome = DecodeOutcome()
+        var spare: [UInt8] = []
+        do {
+            outcome.events.append(try #require(try decoder.next(), "\(name): the greeting"))
+            for (ask, shouldTake) in taken.enumerated() {
+                let before = decoder.bufferedByteCount
+                if let usual = decoder.nextUsualFrame(reusing: &spare) {
+                    #expect(shouldTake, "\(name): ask \(ask) took a frame")
+                    outcome.events.append(.frame(WireFrame(usual: usual, direction: direction), descriptors: []))
+                } else {
+                    #expect(!shouldTake, "\(name): ask \(ask) took nothing")
+                    #expect(decoder.bufferedByteCount == before, "\(name): nothing consumed")
+                }
+            }
+            while let event = try decoder.next() { outcome.events.append(event) }
+        } catch let error as WireError {
+            outcome.error = error
+        }
+        expectSameEvents(outcome.events, expected.events, name)
+        #expect(outcome.error == expected.error, "\(name)")
+        return expected
     }
 
     @Test("random streams decode the same with the shortcut as without", arguments: 0..<4)
