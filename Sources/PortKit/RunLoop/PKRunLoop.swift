@@ -645,7 +645,7 @@ public final class PKRunLoop: @unchecked Sendable {
     /// at this deadline or an earlier one and not yet read, it ends the wait by the deadline,
     /// and at once if the deadline has passed (it is then readable): the clock is not read
     /// (a call into the kernel's clock per message, about 26 ns on the machine of
-    /// docs/performance.md). A pass whose deadline has passed then waits for that timerfd
+    /// docs/performance-history.md, "The bounds as written for `2d83177`'s run"). A pass whose deadline has passed then waits for that timerfd
     /// instead of polling, which only an observer of the wait could tell.
     private func sleepTimeout(until deadline: PKDeadline, unobserved: Bool) -> Int32 {
         if deadline.uptimeNanoseconds == .max { return -1 }  // .distantFuture
