@@ -51,8 +51,8 @@ import Testing
     /// over from another thread and not adopted yet. The revoked rights fail and their watch
     /// fires; a right made afterwards works, and its message alone is delivered. (`revokeSenders`
     /// looks at each part before touching it: the mailbox, the local queue, the connections and
-    /// the adoptions are filled here; the lists of accepted connections awaiting their greeting
-    /// and of connections with messages ready are not.)
+    /// the adoptions are filled here; the connections with messages ready and those awaiting
+    /// their greeting, in the next two tests.)
     @Test func revokingSendersDropsEverythingTheyLeft() throws {
         let (delivered, codes, watched) = try onPortLoopThread { loop -> ([UInt32], [PKError.Code?], Int) in
             var delivered: [UInt32] = []
@@ -101,6 +101,85 @@ import Testing
         #expect(delivered == [1, 2, 6])
         #expect(codes == [.invalidPort, .invalidPort, .invalidPort, .invalidPort])
         #expect(watched == 1)
+    }
+
+    /// Messages read from a connection but not yet delivered when its senders are revoked are
+    /// dropped: a raw sender's greeting and three frames arrive in one read, the first frame's
+    /// handler revokes the senders while the other two wait in the connection's queue (the
+    /// connection on the port's list of those with messages ready), and neither is delivered.
+    /// The connection is closed; a right made after the revoke works. (Two things see to it:
+    /// the revoke empties the ready list, and closing a connection empties its queue. Undoing
+    /// both fails this test; either alone does not, the other still dropping the two.)
+    @Test func revokingSendersDropsMessagesReadButNotDelivered() throws {
+        let (delivered, closed) = try onPortLoopThread { loop -> ([UInt32], Bool) in
+            var delivered: [UInt32] = []
+            let port = PKReceivePort()
+            try loop.add(port, forMode: .default)
+            port.handler = { message in
+                delivered.append(message.msgid)
+                guard message.msgid == 1 else { return }
+                port.revokeSenders()
+                try? PKSendPort(localRight: LocalRight(port: port)).send(PKPortMessage(msgid: 9), timeout: .seconds(5))
+            }
+            let peer = try RawPeer(to: port)
+            // One write, read whole before anything is delivered: 2 and 3 are queued behind 1.
+            var stream = RawPeer.greeting
+            for id in UInt32(1)...3 { stream += RawPeer.frame(msgid: id, data: [UInt8(id)]) }
+            #expect(peer.write(stream) == nil)
+            try runLoop(loop, "the fresh right's message") { delivered.contains(9) }
+            let closed = peer.peerClosed
+            runLoop(loop, for: .milliseconds(20))
+            peer.close()
+            port.invalidate()
+            return (delivered, closed)
+        }
+        #expect(delivered == [1, 9], "the frames read with the first one are dropped by the revoke")
+        #expect(closed, "the revoke closed the raw sender's connection")
+    }
+
+    /// A connection accepted from a named socket that has not greeted yet is ended by the revoke
+    /// too, and leaves the port's list of connections awaiting their greeting: that list's
+    /// limit still holds afterwards. With room for two, three silent connections accepted after
+    /// the revoke make the oldest of them go (had the revoked one stayed on the list, it would
+    /// be taken for the oldest, and "evicted" again at every accept, while the silent ones
+    /// piled up beyond the limit).
+    @Test func revokingSendersEndsConnectionsAwaitingTheirGreeting() throws {
+        let dir = TemporaryNameDirectory()
+        let (revokedClosed, evicted) = try onPortLoopThread { loop -> (Bool, [Bool]) in
+            var limits = PKPortLimits()
+            limits.maxPendingGreetings = 2
+            limits.greetingTimeout = .seconds(3600)  // never reached: only an eviction drops a silent one here
+            var delivered: [UInt32] = []
+            let port = PKReceivePort(limits: limits) { delivered.append($0.msgid) }
+            try loop.add(port, forMode: .default)
+            defer { port.invalidate() }
+            try dir.server.register(port, name: "revoked")
+            var silent: [Int32] = []
+            defer { for fd in silent { Descriptor.close(fd) } }
+            func connectSilently() throws -> Int32 {
+                guard case .success(let fd) = Socket.connect(to: dir.path + "/revoked.sock") else {
+                    throw PeerError(description: "connect failed")
+                }
+                silent.append(fd)
+                return fd
+            }
+            // A silent connection, then a client that greets and sends: once the client's
+            // message is delivered, the silent one (accepted before it) awaits its greeting.
+            let revoked = try connectSilently()
+            let client = try dir.server.lookUp("revoked")
+            try client.send(PKPortMessage(msgid: 1), timeout: .seconds(5))
+            try runLoop(loop, "the client's message") { delivered == [1] }
+            #expect(!Socket.peerHasHungUp(revoked), "the silent connection awaits its greeting")
+            port.revokeSenders()
+            let revokedClosed = Socket.peerHasHungUp(revoked)
+            // Three silent connections after the revoke: the third evicts the first.
+            let later = try (0..<3).map { _ in try connectSilently() }
+            try runLoop(loop, "the oldest silent connection's eviction") { Socket.peerHasHungUp(later[0]) }
+            runLoop(loop, for: .milliseconds(20))
+            return (revokedClosed, later.map { Socket.peerHasHungUp($0) })
+        }
+        #expect(revokedClosed, "the revoke closed the connection that had not greeted")
+        #expect(evicted == [true, false, false], "only the oldest silent connection after the revoke is evicted")
     }
 
     @Test func anInvalidatedPortWhoseHandlerCapturesItIsReleased() throws {

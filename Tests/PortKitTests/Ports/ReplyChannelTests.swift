@@ -293,6 +293,87 @@ extension ReplyChannelTests {
         #expect(tokens.value.count == 2 && tokens.value[1] == tokens.value[0] &+ 1, "tokens \(tokens.value)")
     }
 
+    /// A right whose connection's descriptor cannot be duplicated for the reply channel's watch
+    /// (no descriptor left: EMFILE) gives the channel back, neither held nor broken. The
+    /// request falls back to a reply port of the loop's, which needs descriptors too (the reply
+    /// port goes over the connection as a new one, a socketpair): it fails with `.system`
+    /// (socketpair, EMFILE) and leaves no descriptor behind. With descriptors free again, the
+    /// next two requests through the same right ask for their answers on its reply channel
+    /// (REPLY_BACK, no reply port) and get them. Run in a child process: it lowers its own
+    /// descriptor limit and fills it.
+    @Test func aReplyChannelWhoseDescriptorCannotBeDuplicatedIsGivenBack() async {
+        await exitTestInTurn {
+            await #expect(processExitsWith: .success) {
+                await warmUpDispatchTimers()  // once-per-process descriptors out of the count
+                do {
+                    let (outcomes, failures) = try Self.requestsAroundADescriptorShortage()
+                    let expected = ["system socketpair EMFILE", "no descriptor left behind", "reply 102", "reply 103"]
+                    endExitTest(outcomes.joined(separator: "\n"),
+                                failures: failures + (outcomes == expected ? [] : ["expected \(expected)"]))
+                } catch {
+                    endExitTest("failed: \(error)", failures: ["\(error)"])
+                }
+            }
+        }
+    }
+
+    /// The body of `aReplyChannelWhoseDescriptorCannotBeDuplicatedIsGivenBack`: what each request
+    /// came to, and what the raw port side found wrong.
+    static func requestsAroundADescriptorShortage() throws -> (outcomes: [String], failures: [String]) {
+        // A request through an in-process right makes the loop's reply machinery (its reply
+        // port, private mode and descriptors) and watches no connection: the shortage's request
+        // is the first to need a duplicate of a connection's descriptor.
+        let server = try PortServer { port, _ in
+            port.handler = { try? $0.replyPort?.send(PKPortMessage(msgid: 1), timeout: .seconds(5)) }
+        }
+        let pair = try RawPortSide.pair()
+        let right = pair.right
+        defer { pair.side.close() }
+        // Only the requests after the shortage reach the wire; each asks on the reply channel.
+        let script = TestThread(name: "raw-port") {
+            pair.side.run { side in
+                var bytes = RawPeer.greeting
+                for _ in 0..<2 {
+                    let (request, descriptors) = try side.nextFrame()
+                    for fd in descriptors { Descriptor.close(fd) }
+                    try side.expect(request.repliesBack && !request.hasReplyPort && request.replyToken != 0,
+                                    "request \(request.msgid) asks on the reply channel: \(request)")
+                    WireEncoder.append(WireFrame(msgid: request.msgid + 100, replyToken: request.replyToken), to: &bytes)
+                    try side.write(bytes)
+                    bytes = []
+                }
+            }
+        }
+        let outcomes = try onPortLoopThread { loop -> [String] in
+            _ = try server.right.sendRequest(PKPortMessage(msgid: 0), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
+            try server.stop()
+            warmUpLoopDescriptors(loop)
+            let before = openDescriptorCount()
+            var outcomes: [String] = []
+            let filled = DescriptorTableFiller()
+            do throws(PKError) {
+                _ = try right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
+                outcomes.append("answered without descriptors")
+            } catch {
+                outcomes.append("\(error.code) \(error.call ?? "-") \(error.errno == EMFILE ? "EMFILE" : "errno \(error.errno ?? 0)")")
+            }
+            filled.release()
+            let after = openDescriptorCount()
+            outcomes.append(after == before ? "no descriptor left behind" : "descriptors \(before) -> \(after)")
+            for msgid in UInt32(2)...3 {
+                do throws(PKError) {
+                    let reply = try right.sendRequest(PKPortMessage(msgid: msgid), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10)))
+                    outcomes.append("reply \(reply?.msgid ?? 0)")
+                } catch {
+                    outcomes.append("request \(msgid): \(error.code)")
+                }
+            }
+            return outcomes
+        }
+        try script.joinPatiently()
+        return (outcomes, pair.side.failures)
+    }
+
     /// A reply right's state: voided while an answer is under way, it does not reopen when
     /// nothing of the answer went out.
     @Test func aTicketVoidedDuringAnAnswerStaysVoid() {
