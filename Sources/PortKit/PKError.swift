@@ -15,7 +15,7 @@ public struct PKError: Error, CustomStringConvertible, Sendable {
             case system, sendTimedOut, receiveTimedOut, invalidPort, portInvalidated
             case transport, protocolViolation, limitExceeded, badName, nameInUse
             case nameNotFound, unsafeDirectory, permissionDenied, checkInTimedOut
-            case checkInFailed, interrupted
+            case checkInFailed, interrupted, cancelled
         }
         private let base: Base
         private init(_ base: Base) { self.base = base }
@@ -54,6 +54,8 @@ public struct PKError: Error, CustomStringConvertible, Sendable {
         /// The wait ended early: the run loop it ran was stopped (`PKRunLoop.stop()`). The stop
         /// then reaches the run the wait was made in.
         public static let interrupted = Code(.interrupted)
+        /// The task that awaited the operation was cancelled (an `async` request, say).
+        public static let cancelled = Code(.cancelled)
     }
 
     /// What kind of failure this is.

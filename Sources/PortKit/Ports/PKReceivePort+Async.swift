@@ -5,41 +5,76 @@ import Dispatch
 import Synchronization
 
 extension PKReceivePort {
-    /// The port's messages as an `AsyncSequence` (design section 8).
+    /// The port's messages as an `AsyncSequence` (design section 8), for one consumer:
+    /// `for await message in try port.messages() { ... }`.
     ///
     /// Call it on a port that is not scheduled yet: PortKit schedules it on
     /// `PKRunLoop.background`, so no loop has to be run by hand. (Called on the thread of the
-    /// loop the port is scheduled on, it keeps that loop.) The stream replaces `handler`; it
-    /// finishes when the port is invalidated, and ending the iteration invalidates the port.
+    /// loop the port is scheduled on, it keeps that loop.) The sequence replaces `handler`; it
+    /// finishes when the port is invalidated, after the messages that arrived before. Ending
+    /// the iteration early (leaving the loop, the task cancelled, the sequence released)
+    /// invalidates the port.
     ///
-    /// - Parameter bufferingPolicy: what the stream keeps while the consumer is busy.
+    /// Back-pressure: at most `bufferLimit` messages wait for the consumer; while that many
+    /// wait, the port delivers no more, and the rest wait in the port's own queues, whose
+    /// limits (`PKPortLimits`) then hold the senders (a send waits for room until its
+    /// deadline), as a handler slow to return would. A slow consumer never makes memory grow
+    /// without bound, and no message is dropped.
+    ///
+    /// - Parameter bufferLimit: how many messages may wait for the consumer (at least 1).
     /// - Throws: `PKError` with `.invalidPort` if the port was invalidated.
-    public func messages(
-        bufferingPolicy: AsyncStream<PKPortMessage>.Continuation.BufferingPolicy = .unbounded
-    ) throws(PKError) -> AsyncStream<PKPortMessage> {
-        let (stream, continuation) = AsyncStream<PKPortMessage>.makeStream(bufferingPolicy: bufferingPolicy)
+    public func messages(bufferLimit: Int = 64) throws(PKError) -> PKPortMessageSequence {
+        let buffer = DeliveryBuffer(limit: bufferLimit)
         try host { port in
-            port.handler = { continuation.yield($0) }
+            port.handler = { [unowned(unsafe) port] message in
+                if buffer.add(message) { port.holdDelivery() }
+            }
             let previous = port.onInvalidation
             port.onInvalidation = {
                 previous?()
-                continuation.finish()
+                buffer.finish(dropping: false)
             }
         }
-        continuation.onTermination = { [weak self] _ in self?.invalidate() }
-        return stream
+        return PKPortMessageSequence(consumer: MessageConsumer(port: self, buffer: buffer))
     }
 
-    /// Delivers the port's messages on `queue`, in order (`CFMessagePortSetDispatchQueue`).
+    /// Delivers the port's messages on `queue`, one at a time and in order, even on a
+    /// concurrent queue (`CFMessagePortSetDispatchQueue`).
     ///
-    /// Like `messages()`, an unscheduled port is scheduled on `PKRunLoop.background`; each
-    /// message is handed to `handler` with `queue.async`.
+    /// Like `messages(bufferLimit:)`, an unscheduled port is scheduled on
+    /// `PKRunLoop.background`, and at most `bufferLimit` messages wait for `queue`: beyond
+    /// that, the port holds the rest in its own queues and their limits hold the senders.
     ///
+    /// - Parameters:
+    ///   - queue: where `handler` runs.
+    ///   - bufferLimit: how many messages may wait for `queue` (at least 1).
+    ///   - handler: called on `queue` with each message.
     /// - Throws: `PKError` with `.invalidPort` if the port was invalidated.
-    public func deliver(on queue: DispatchQueue, _ handler: @escaping @Sendable (PKPortMessage) -> Void) throws(PKError) {
+    public func deliver(
+        on queue: DispatchQueue, bufferLimit: Int = 64, _ handler: @escaping @Sendable (PKPortMessage) -> Void
+    ) throws(PKError) {
+        let buffer = DeliveryBuffer(limit: bufferLimit)
         try host { port in
-            port.handler = { message in queue.async { handler(message) } }
+            port.handler = { [unowned(unsafe) port] message in
+                if buffer.add(message) { port.holdDelivery() }
+                // The drain holds the port (to release its hold) only while it runs: the port's
+                // handler holding it would keep a port its owner dropped alive.
+                if buffer.claimDrain() {
+                    let held: PKReceivePort = port  // a strong reference, for the drain
+                    queue.async { Self.drain(buffer, of: held, into: handler) }
+                }
+            }
         }
+    }
+
+    /// Hands `buffer`'s messages to `handler` until it is empty (one drain at a time).
+    private static func drain(_ buffer: DeliveryBuffer, of port: PKReceivePort, into handler: (PKPortMessage) -> Void) {
+        while case .message(let message) = buffer.take(draining: true, releasing: port) { handler(message) }
+    }
+
+    /// Releases the port's hold on its delivery, on its loop (`releaseDelivery()` is loop-only).
+    fileprivate func releaseDeliveryOnItsLoop() {
+        runLoop?.perform { self.releaseDelivery() }
     }
 
     /// Runs `configure` on the port's loop, scheduling the port on the background loop first if
@@ -60,16 +95,203 @@ extension PKReceivePort {
     }
 }
 
+/// A receive port's messages, for `for await` (`PKReceivePort.messages(bufferLimit:)`). One
+/// consumer at a time: an iterator made later takes from the same messages, and two tasks
+/// waiting for the next message at once is a programmer error (it traps). The sequence finishes when the
+/// port is invalidated; when the consumer leaves early (the loop left, the task cancelled, the
+/// sequence and its iterator released), the port is invalidated.
+public struct PKPortMessageSequence: AsyncSequence, Sendable {
+    public typealias Element = PKPortMessage
+    public typealias Failure = Never
+    let consumer: MessageConsumer
+
+    public func makeAsyncIterator() -> Iterator { Iterator(consumer: consumer) }
+
+    /// Takes the port's messages in the order they were delivered.
+    public struct Iterator: AsyncIteratorProtocol {
+        public typealias Element = PKPortMessage
+        public typealias Failure = Never
+        let consumer: MessageConsumer
+
+        /// The next message, or `nil` once the port is invalidated (after the messages that
+        /// arrived before) or the task is cancelled (which invalidates the port).
+        public mutating func next() async -> PKPortMessage? { await consumer.next() }
+    }
+}
+
+/// The consuming end of `messages(bufferLimit:)`: invalidates the port when the consumer
+/// leaves (cancelled, or released with the sequence and its iterators).
+final class MessageConsumer: Sendable {
+    private let port: PKReceivePort
+    private let buffer: DeliveryBuffer
+
+    init(port: PKReceivePort, buffer: DeliveryBuffer) {
+        self.port = port
+        self.buffer = buffer
+    }
+
+    deinit {
+        buffer.finish(dropping: true)
+        port.invalidate()
+    }
+
+    func next() async -> PKPortMessage? {
+        switch buffer.take(draining: false, releasing: port) {
+        case .message(let message): return message
+        case .finished: return nil
+        case .empty: break
+        }
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { (waiter: CheckedContinuation<PKPortMessage?, Never>) in
+                buffer.wait(waiter, releasing: port)
+            }
+        } onCancel: { [port, buffer] in
+            buffer.finish(dropping: true)
+            port.invalidate()
+        }
+    }
+}
+
+/// Messages on their way from a port's loop to a consumer beyond it, at most `limit` of them:
+/// the loop adds them, and holds the port's delivery when `limit` wait; the consumer takes
+/// them, and once half have gone asks the port's loop to release it. The flag changes under
+/// the lock, and the hold is made on the loop in the same delivery that set it: the release a
+/// consumer asks for (a block the loop performs later) always follows the hold it saw. The
+/// buffer does not hold the port (the port's handler holds the buffer): its consumer passes
+/// the port it holds.
+final class DeliveryBuffer: @unchecked Sendable {
+    enum Taken {
+        case message(PKPortMessage)
+        case empty
+        case finished
+    }
+
+    private struct State {
+        var messages: [PKPortMessage] = []
+        var head = 0
+        var held = false
+        var finished = false
+        var draining = false
+        var waiter: CheckedContinuation<PKPortMessage?, Never>?
+        var count: Int { messages.count - head }
+    }
+
+    let limit: Int
+    private let state = PKMutex(State())
+
+    init(limit: Int) { self.limit = max(1, limit) }
+
+    /// Adds a message delivered by the port (on its loop); returns whether the port must now
+    /// hold its delivery. A finished buffer drops it.
+    func add(_ message: PKPortMessage) -> Bool {
+        let (waiter, hold) = state.withLock { state -> (CheckedContinuation<PKPortMessage?, Never>?, Bool) in
+            guard !state.finished else { return (nil, false) }
+            if let waiter = state.waiter {
+                state.waiter = nil
+                return (waiter, false)
+            }
+            state.messages.append(message)
+            guard state.count >= limit, !state.held else { return (nil, false) }
+            state.held = true
+            return (nil, true)
+        }
+        waiter?.resume(returning: message)
+        return hold
+    }
+
+    /// Takes the next message; releases `port`'s hold when half the buffer has gone.
+    /// `draining`: the caller is the one drain `claimDrain()` started, which ends when it finds
+    /// the buffer empty.
+    func take(draining: Bool, releasing port: PKReceivePort) -> Taken {
+        let (taken, release) = state.withLock { state -> (Taken, Bool) in
+            guard state.count > 0 else {
+                if draining { state.draining = false }
+                return (state.finished ? .finished : .empty, false)
+            }
+            let message = state.messages.takeMessage(at: state.head)
+            state.head += 1
+            if state.head == state.messages.count {
+                state.messages.removeAllKeepingStorage()
+                state.head = 0
+            } else if state.head >= 64 && state.head * 2 >= state.messages.count {
+                state.messages.removeFirst(state.head)
+                state.head = 0
+            }
+            guard state.held, state.count <= limit / 2 else { return (.message(message), false) }
+            state.held = false
+            return (.message(message), true)
+        }
+        if release { port.releaseDeliveryOnItsLoop() }
+        return taken
+    }
+
+    /// Whether the caller must start a drain (none is running); the drain then runs until it
+    /// finds the buffer empty.
+    func claimDrain() -> Bool {
+        state.withLock { state in
+            guard !state.draining, state.count > 0 else { return false }
+            state.draining = true
+            return true
+        }
+    }
+
+    /// Waits for the next message: `waiter` is resumed with it, or with `nil` once finished.
+    func wait(_ waiter: CheckedContinuation<PKPortMessage?, Never>, releasing port: PKReceivePort) {
+        while true {
+            switch take(draining: false, releasing: port) {
+            case .message(let message):
+                waiter.resume(returning: message)
+                return
+            case .finished:
+                waiter.resume(returning: nil)
+                return
+            case .empty:
+                // Parked, unless a message or the end came since the look above.
+                let parked = state.withLock { state in
+                    guard state.count == 0, !state.finished else { return false }
+                    precondition(state.waiter == nil, "PKPortMessageSequence: two consumers waited at once")
+                    state.waiter = waiter
+                    return true
+                }
+                if parked { return }
+            }
+        }
+    }
+
+    /// No more messages are added; a waiting consumer gets `nil` (after those still here,
+    /// unless `dropping` them).
+    func finish(dropping: Bool) {
+        var dropped: [PKPortMessage] = []
+        let waiter = state.withLock { state -> CheckedContinuation<PKPortMessage?, Never>? in
+            state.finished = true
+            if dropping {
+                swap(&dropped, &state.messages)
+                state.head = 0
+            }
+            defer { state.waiter = nil }
+            return state.waiter
+        }
+        dropped = []
+        waiter?.resume(returning: nil)
+    }
+}
+
 extension PKSendPort {
     /// Sends `message` and awaits the reply: the `async` form of `sendRequest`.
     ///
     /// The reply port lives on `PKRunLoop.background`, so no loop of the caller's runs.
     ///
+    /// Cancelling the task ends the wait at once with `.cancelled`: the reply right it sent
+    /// stops working, as when a request times out. (A send waiting for room still waits for its
+    /// deadline: it is a blocking send.)
+    ///
     /// - Throws: `PKError` with `.sendTimedOut`, `.receiveTimedOut`, `.invalidPort`,
-    ///   `.portInvalidated`, `.transport` or `.limitExceeded`, as `sendRequest`.
+    ///   `.portInvalidated`, `.transport` or `.limitExceeded`, as `sendRequest`; `.cancelled`
+    ///   if the task was cancelled before the reply came.
     public func request(
         _ message: PKPortMessage, sendTimeout: Duration, receiveTimeout: Duration
     ) async throws(PKError) -> PKPortMessage {
+        if Task.isCancelled { throw Self.cancelledRequest }
         let loop = PKRunLoop.background
         let pending = PendingReply()
         let target = self
@@ -103,27 +325,36 @@ extension PKSendPort {
         }
         // The receive timeout counts from the send, as `sendRequest`'s does.
         let replyBy = PKDeadline.after(receiveTimeout)
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            loop.perform {
-                pending.armTimer(until: replyBy, on: loop) {
-                    PKError(.receiveTimedOut, "no reply arrived within \(receiveTimeout)")
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                loop.perform {
+                    pending.armTimer(until: replyBy, on: loop) {
+                        PKError(.receiveTimedOut, "no reply arrived within \(receiveTimeout)")
+                    }
+                    pending.setContinuation(continuation)
                 }
-                pending.setContinuation(continuation)
             }
+        } onCancel: {
+            // Before or after the block above: `finish` takes the first outcome only.
+            loop.perform { pending.finish(.failure(Self.cancelledRequest)) }
         }
         // Under the lock the loop released (as the reply right above).
         let result = pending.outcome.slot.withLock { $0 }!
         return try result.get()
     }
+
+    private static var cancelledRequest: PKError {
+        PKError(.cancelled, "the task was cancelled while waiting for the reply")
+    }
 }
 
-/// One async request's state; touched only on the background loop's thread.
 /// Passes a value from the background loop to the awaiting task under a lock, so that
 /// ThreadSanitizer sees the hand-over (it does not see a continuation's).
 private final class HandOver<Value: Sendable>: Sendable {
     let slot = PKMutex<Value?>(nil)
 }
 
+/// One async request's state; touched only on the background loop's thread.
 private final class PendingReply: @unchecked Sendable {
     var port: PKReceivePort?
     var watch: PKInvalidationWatch?

@@ -113,6 +113,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     @exclusivity(unchecked) private var isDelivering = false
     /// A sender left during a delivery: look for no-senders once it ends.
     @exclusivity(unchecked) private var noSendersCheckPending = false
+    /// Delivery is held back (`holdDelivery()`): messages wait in the port's queues.
+    @exclusivity(unchecked) private var deliveryHeld = false
     @exclusivity(unchecked) private var invalidationDelivered = false
     /// A scheduled port is kept alive by its loop, as `-[NSRunLoop addPort:forMode:]` retains
     /// its port: the guide's ports live in no variable but the run loop. The anchor holds the
@@ -542,7 +544,10 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         deliverQueuedMessages()
         // The last in-process right left, after every message it sent was delivered (and
         // none arrived meanwhile: a handler may have sent the port in a message).
-        if work.lastLocalSenderLeft && isValid && hasNoSenders { onNoSenders?() }
+        if work.lastLocalSenderLeft && isValid && hasNoSenders {
+            // Not before the messages it sent, which a hold keeps waiting.
+            if holdsLocalMessages { noSendersCheckPending = true } else { onNoSenders?() }
+        }
     }
 
     /// Moves what the mailbox holds into the local queue, to be delivered in order. While the
@@ -708,13 +713,13 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         var deliver = handler
         var deliverChanges = handlerChanges
         var progressed = true
-        while progressed && isValid {
+        while progressed && isValid && !deliveryHeld {
             progressed = false
             // In-process messages first, in the order they were sent, then each connection's.
             // (The head is 0 whenever the queue is empty, so this also finds a queue delivered
             // but not yet reset.)
             if !localQueue.isEmpty {
-                guard let delivered = deliverLocalMessages(&deliver, &deliverChanges) else { return }
+                guard let delivered = deliverLocalMessages(&deliver, &deliverChanges), !deliveryHeld else { return }
                 progressed = delivered
             }
             // One message per connection per round, so that one busy sender cannot hold up
@@ -736,7 +741,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
                 // `let`: a `var` message was copied for the handler's call.)
                 var delivered = consume message
                 if var bytes = delivered.body.takeBytes() { SpareBytes.keep(&bytes, in: &readBuffer.spare) }
-                if !isValid { return }
+                if !isValid || deliveryHeld { return }
                 // Its last message delivered, the connection leaves the list now rather than on
                 // the next round. (A handler appends to the list, or empties it; if the
                 // connection is not where it was, the next round sees to it.)
@@ -762,6 +767,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             if deliverChanges != handlerChanges { (deliver, deliverChanges) = (handler, handlerChanges) }
             deliver(message)
             if !isValid { return nil }
+            // The rest waits, and the mailbox stays full behind it (see `holdDelivery()`).
+            if deliveryHeld { return delivered }
         }
         if localQueueHead > 0 {
             localQueue.removeAllKeepingStorage()
@@ -813,7 +820,31 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         if localQueueHead < localQueue.count { deliverQueuedMessages() }
         // Again: a handler of those messages may have sent the port in a message.
         guard isValid, hasNoSenders else { return }
+        // Held messages come first: the release's delivery looks again.
+        if holdsLocalMessages {
+            noSendersCheckPending = true
+            return
+        }
         onNoSenders?()
+    }
+
+    /// In-process messages wait for a release of delivery. Loop-only.
+    private var holdsLocalMessages: Bool { deliveryHeld && localQueueHead < localQueue.count }
+
+    // MARK: - Holding delivery back
+
+    /// Holds delivery back: the handler gets no more messages until `releaseDelivery()`. They
+    /// wait in the port's queues, whose limits (`PKPortLimits`) then hold the senders, as a
+    /// handler that is slow to return would: the back-pressure of a consumer beyond the loop
+    /// (`messages(bufferLimit:)`, `deliver(on:bufferLimit:_:)`). The port stays scheduled:
+    /// connections are accepted and greeted, hang-ups and invalidation seen. Loop-only.
+    func holdDelivery() { deliveryHeld = true }
+
+    /// Delivers again, from the loop's next pass, what a hold kept waiting. Loop-only.
+    func releaseDelivery() {
+        guard deliveryHeld else { return }
+        deliveryHeld = false
+        if let loop = runLoop, isValid { adopter.signal(waking: loop) }
     }
 
     /// No connection, no in-process right, no connection waiting to be adopted. Loop-only.

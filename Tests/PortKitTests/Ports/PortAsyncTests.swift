@@ -21,12 +21,24 @@ func withDeadline<R: Sendable>(
     }
 }
 
+/// Waits, without blocking a thread of Swift concurrency's pool (which the tasks under test
+/// need), until `condition` holds; fails with `TestTimeout` after `timeout` (patience applied).
+func waitAsync(_ what: String, timeout: Duration = .seconds(10), _ condition: @Sendable () -> Bool) async throws {
+    let deadline = ContinuousClock.now + patience(timeout)
+    while !condition() {
+        guard ContinuousClock.now < deadline else { throw TestTimeout(what: what) }
+        try? await Task.sleep(for: .milliseconds(1))
+    }
+}
+
 @Suite struct PortAsyncTests {
     /// `for await message in try port.messages()`: every message a thread sends arrives, in
-    /// order; leaving the loop invalidates the port.
-    @Test func messagesAsAnAsyncSequence() async throws {
+    /// order, through an in-process right and through a connection; through a buffer of one,
+    /// each message is held and released in turn. Leaving the loop invalidates the port.
+    @Test(arguments: [(false, 64), (true, 64), (true, 1)])
+    func messagesAsAnAsyncSequence(throughAConnection: Bool, bufferLimit: Int) async throws {
         let port = PKReceivePort()
-        let right = port.makeSendRight()
+        let right = throughAConnection ? try independentRight(to: port) : port.makeSendRight()
         let count = 500
         let sendFailures = Locked<[String]>([])
         let sender = TestThread {
@@ -39,7 +51,7 @@ func withDeadline<R: Sendable>(
         }
         let ids = try await withDeadline(.seconds(30), "\(count) messages") {
             var ids: [UInt32] = []
-            for await message in try port.messages() {
+            for await message in try port.messages(bufferLimit: bufferLimit) {
                 #expect(message.data == [UInt8(truncatingIfNeeded: message.msgid)])
                 ids.append(message.msgid)
                 if ids.count == count { break }
@@ -50,7 +62,8 @@ func withDeadline<R: Sendable>(
         try sender.joinPatiently()
         #expect(sendFailures.value.isEmpty)
         try waitPatiently("the port to be invalidated when the iteration ended") { !port.isValid }
-        #expect(!right.isValid)
+        // (A connection's sender learns it from the hang-up, a moment later.)
+        try waitPatiently("the sender's right to become invalid") { !right.isValid }
     }
 
     /// The sequence finishes when the port is invalidated, after the messages that arrived.
@@ -71,6 +84,131 @@ func withDeadline<R: Sendable>(
         }
         #expect(ids == [0, 1, 2])
         try sender.joinPatiently()
+    }
+
+    /// A consumer that falls behind holds the senders back instead of letting messages pile
+    /// up: at most `bufferLimit` wait for it, the port's own queue (its limit) the rest, and a
+    /// send beyond that times out. Once the consumer takes them, every message accepted comes,
+    /// in order, and the senders go on.
+    @Test func aSlowConsumerHoldsTheSendersBack() async throws {
+        var limits = PKPortLimits()
+        limits.maxQueuedMessages = 8
+        let port = PKReceivePort(limits: limits)
+        let stream = try port.messages(bufferLimit: 4)
+        let right = port.makeSendRight()
+        let accepted = try Self.sendUntilFull(right)
+        // The buffer, the batch taken from the mailbox and the mailbox: 4 + 8 + 8.
+        #expect(accepted >= 4 && accepted <= 4 + 2 * 8, "accepted \(accepted)")
+        let more = 200
+        let sender = TestThread {
+            for id in accepted..<(accepted + more) {
+                try? right.send(PKPortMessage(msgid: UInt32(id)), timeout: patience(.seconds(30)))
+            }
+        }
+        let ids = try await withDeadline(.seconds(30), "every accepted message") {
+            var ids: [UInt32] = []
+            for await message in stream {
+                ids.append(message.msgid)
+                if ids.count == accepted + more { break }
+            }
+            return ids
+        }
+        #expect(ids == (0..<UInt32(accepted + more)).map { $0 })
+        try sender.joinPatiently()
+        port.invalidate()
+    }
+
+    /// Sends numbered messages through `right` until one times out; returns how many went.
+    private static func sendUntilFull(_ right: PKSendPort) throws -> Int {
+        let accepted = Locked(0)
+        let sender = TestThread {
+            for id in 0..<1_000 {
+                do {
+                    try right.send(PKPortMessage(msgid: UInt32(id)), timeout: patience(.milliseconds(300)))
+                    accepted.withLock { $0 += 1 }
+                } catch {
+                    return
+                }
+            }
+        }
+        try sender.joinPatiently(timeout: .seconds(60))
+        return accepted.value
+    }
+
+    /// Cancelling the consuming task ends its iteration (after what it took) and invalidates
+    /// the port, even while the sequence itself is still referenced.
+    @Test func cancellingTheConsumerEndsTheSequence() async throws {
+        let port = PKReceivePort()
+        let stream = try port.messages()
+        let right = port.makeSendRight()
+        let taken = Locked(0)
+        let ended = Locked(false)
+        let consumer = Task {
+            for await _ in stream { taken.withLock { $0 += 1 } }
+            ended.value = true
+        }
+        try right.send(PKPortMessage(msgid: 1), timeout: .seconds(5))
+        try await waitAsync("the first message") { taken.value == 1 }
+        consumer.cancel()
+        // Polled, not awaited: a consumer that ignored the cancellation would hold up the test.
+        try await waitAsync("the cancelled iteration to end", timeout: .seconds(30)) { ended.value }
+        #expect(taken.value == 1)
+        try await waitAsync("the port to be invalidated") { !port.isValid }
+        #expect(!right.isValid)
+        withExtendedLifetime(stream) {}
+    }
+
+    /// `deliver(on:)` with a handler that is stuck: at most `bufferLimit` messages wait for the
+    /// queue and the port's queue holds the rest; a send beyond that times out. Once the
+    /// handler goes on, every accepted message comes, in order, and so do later ones.
+    @Test func aStuckQueueHoldsTheSendersBack() throws {
+        let queue = DispatchQueue(label: "portkit.test.stuck", attributes: .concurrent)
+        let gate = DispatchSemaphore(value: 0)
+        let got = Locked<[UInt32]>([])
+        var limits = PKPortLimits()
+        limits.maxQueuedMessages = 8
+        let port = PKReceivePort(limits: limits)
+        try port.deliver(on: queue, bufferLimit: 4) { message in
+            if message.msgid == 0 { gate.wait() }
+            got.withLock { $0.append(message.msgid) }
+        }
+        let right = port.makeSendRight()
+        let accepted = try Self.sendUntilFull(right)
+        // The one in the handler, the buffer, the batch taken from the mailbox, the mailbox.
+        #expect(accepted >= 5 && accepted <= 1 + 4 + 2 * 8, "accepted \(accepted)")
+        gate.signal()
+        try waitPatiently("the accepted messages") { got.value.count == accepted }
+        for id in accepted..<(accepted + 100) { try right.send(PKPortMessage(msgid: UInt32(id)), timeout: patience(.seconds(30))) }
+        try waitPatiently("the later messages") { got.value.count == accepted + 100 }
+        #expect(got.value == (0..<UInt32(accepted + 100)).map { $0 })
+        port.invalidate()
+    }
+
+    /// Cancelling the task of an async request ends its wait with `.cancelled`, and the reply
+    /// right it sent stops working.
+    @Test func cancellingAnAsyncRequest() async throws {
+        let kept = Locked<[PKSendPort]>([])
+        let server = try PortServer { port, _ in
+            port.handler = { message in if let reply = message.replyPort { kept.withLock { $0.append(reply) } } }
+        }
+        let right = server.right
+        let outcome = Locked<String?>(nil)
+        let request = Task {
+            do {
+                _ = try await right.request(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(60)))
+                outcome.value = "a reply"
+            } catch {
+                outcome.value = "\((error as? PKError)?.code.description ?? "\(error)")"
+            }
+        }
+        try await waitAsync("the request to arrive") { !kept.value.isEmpty }
+        request.cancel()
+        // Polled, not awaited: a request that ignored the cancellation would hold up the test.
+        try await waitAsync("the cancelled request to end", timeout: .seconds(30)) { outcome.value != nil }
+        #expect(outcome.value == "cancelled")
+        try await waitAsync("the reply right to become invalid") { !(kept.value.first?.isValid ?? true) }
+        kept.value = []
+        try server.stop()
     }
 
     /// `deliver(on:)`: messages are handed to the handler on the queue, in order.
