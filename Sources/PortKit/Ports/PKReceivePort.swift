@@ -33,8 +33,10 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     @exclusivity(unchecked) public var handler: (PKPortMessage) -> Void {
         didSet { handlerChanges &+= 1 }
     }
-    /// Counts changes of `handler`: a delivery loads the handler once (a retain and a release)
-    /// and again only when a handler it called changed it.
+    /// Counts changes of `handler`, and holds of delivery: a delivery loads the handler once
+    /// (a retain and a release), and looks again, before the next message, only when a handler
+    /// it called changed it or held delivery back (so a delivery that is never held tests
+    /// nothing more per message).
     @exclusivity(unchecked) private var handlerChanges: UInt64 = 0
 
     /// Called once on the loop's thread when the port becomes invalid.
@@ -699,7 +701,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     }
 
     private func deliverQueuedMessages() {
-        guard !isDelivering else { return }
+        guard !isDelivering, !deliveryHeld else { return }
         deliverQueuedMessagesOnce()
         if noSendersCheckPending {
             noSendersCheckPending = false
@@ -713,19 +715,23 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         var deliver = handler
         var deliverChanges = handlerChanges
         var progressed = true
-        while progressed && isValid && !deliveryHeld {
+        while progressed && isValid {
             progressed = false
             // In-process messages first, in the order they were sent, then each connection's.
             // (The head is 0 whenever the queue is empty, so this also finds a queue delivered
             // but not yet reset.)
             if !localQueue.isEmpty {
-                guard let delivered = deliverLocalMessages(&deliver, &deliverChanges), !deliveryHeld else { return }
+                guard let delivered = deliverLocalMessages(&deliver, &deliverChanges) else { return }
                 progressed = delivered
             }
             // One message per connection per round, so that one busy sender cannot hold up
             // the others; a connection leaves the list once it has nothing more.
             var index = 0
             while index < ready.count {
+                if deliverChanges != handlerChanges {
+                    if deliveryHeld { return }  // the messages stay queued (see `holdDelivery()`)
+                    (deliver, deliverChanges) = (handler, handlerChanges)
+                }
                 let connection = ready[index]
                 guard let message = connection.dequeue() else {
                     unlistReady(at: index)
@@ -734,14 +740,13 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
                 index += 1
                 progressed = true
                 connection.resumeIfDrained()
-                if deliverChanges != handlerChanges { (deliver, deliverChanges) = (handler, handlerChanges) }
                 deliver(message)
                 // Its bytes take the next message read; a handler that kept the message or its
                 // bytes shares the array, and the reuse then copies it first. (Consumed from a
                 // `let`: a `var` message was copied for the handler's call.)
                 var delivered = consume message
                 if var bytes = delivered.body.takeBytes() { SpareBytes.keep(&bytes, in: &readBuffer.spare) }
-                if !isValid || deliveryHeld { return }
+                if !isValid { return }
                 // Its last message delivered, the connection leaves the list now rather than on
                 // the next round. (A handler appends to the list, or empties it; if the
                 // connection is not where it was, the next round sees to it.)
@@ -761,14 +766,16 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     private func deliverLocalMessages(_ deliver: inout (PKPortMessage) -> Void, _ deliverChanges: inout UInt64) -> Bool? {
         var delivered = false
         while localQueueHead < localQueue.count {
+            if deliverChanges != handlerChanges {
+                // The rest waits, and the mailbox stays full behind it (see `holdDelivery()`).
+                if deliveryHeld { return delivered }
+                (deliver, deliverChanges) = (handler, handlerChanges)
+            }
             let message = localQueue.takeMessage(at: localQueueHead)
             localQueueHead += 1
             delivered = true
-            if deliverChanges != handlerChanges { (deliver, deliverChanges) = (handler, handlerChanges) }
             deliver(message)
             if !isValid { return nil }
-            // The rest waits, and the mailbox stays full behind it (see `holdDelivery()`).
-            if deliveryHeld { return delivered }
         }
         if localQueueHead > 0 {
             localQueue.removeAllKeepingStorage()
@@ -838,7 +845,10 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// handler that is slow to return would: the back-pressure of a consumer beyond the loop
     /// (`messages(bufferLimit:)`, `deliver(on:bufferLimit:_:)`). The port stays scheduled:
     /// connections are accepted and greeted, hang-ups and invalidation seen. Loop-only.
-    func holdDelivery() { deliveryHeld = true }
+    func holdDelivery() {
+        deliveryHeld = true
+        handlerChanges &+= 1  // what a delivery under way looks at before each message
+    }
 
     /// Delivers again, from the loop's next pass, what a hold kept waiting. Loop-only.
     func releaseDelivery() {
