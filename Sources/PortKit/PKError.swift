@@ -54,7 +54,7 @@ public struct PKError: Error, CustomStringConvertible, Sendable {
         /// The wait ended early: the run loop it ran was stopped (`PKRunLoop.stop()`). The stop
         /// then reaches the run the wait was made in.
         public static let interrupted = Code(.interrupted)
-        /// The task that awaited the operation was cancelled (an `async` request, say).
+        /// The task that awaited the operation was cancelled (an `async` request).
         public static let cancelled = Code(.cancelled)
     }
 

@@ -11,17 +11,21 @@ extension PKReceivePort {
     /// Call it on a port that is not scheduled yet: PortKit schedules it on
     /// `PKRunLoop.background`, so no loop has to be run by hand. (Called on the thread of the
     /// loop the port is scheduled on, it keeps that loop.) The sequence replaces `handler`; it
-    /// finishes when the port is invalidated, after the messages that arrived before. Ending
-    /// the iteration early (leaving the loop, the task cancelled, the sequence released)
-    /// invalidates the port.
+    /// finishes when the port is invalidated, after the messages it had taken from the port.
+    /// When the consumer is done, the port is invalidated: the task cancelled, or the sequence
+    /// and every iterator of it released (leaving `for await message in try port.messages()`
+    /// does both).
     ///
-    /// Back-pressure: at most `bufferLimit` messages wait for the consumer; while that many
-    /// wait, the port delivers no more, and the rest wait in the port's own queues, whose
-    /// limits (`PKPortLimits`) then hold the senders (a send waits for room until its
-    /// deadline), as a handler slow to return would. A slow consumer never makes memory grow
-    /// without bound, and no message is dropped.
+    /// Back-pressure: at most `bufferLimit` messages wait for the consumer. Once that many
+    /// wait, the port delivers no more until at most half of them do; the rest wait in the
+    /// port's own queues, whose limits (`PKPortLimits`) then hold the senders (a send waits for
+    /// room until its deadline), as a handler slow to return would. A slow consumer never
+    /// makes memory grow without bound; messages held in the port's queues when it is
+    /// invalidated go with it, as any undelivered message does. A consumer that sends to its
+    /// own port while it lags can wait for room until its send's deadline, since the room comes
+    /// from its own taking.
     ///
-    /// - Parameter bufferLimit: how many messages may wait for the consumer (at least 1).
+    /// - Parameter bufferLimit: how many messages may wait for the consumer (below 1 means 1).
     /// - Throws: `PKError` with `.invalidPort` if the port was invalidated.
     public func messages(bufferLimit: Int = 64) throws(PKError) -> PKPortMessageSequence {
         let buffer = DeliveryBuffer(limit: bufferLimit)
@@ -43,11 +47,14 @@ extension PKReceivePort {
     ///
     /// Like `messages(bufferLimit:)`, an unscheduled port is scheduled on
     /// `PKRunLoop.background`, and at most `bufferLimit` messages wait for `queue`: beyond
-    /// that, the port holds the rest in its own queues and their limits hold the senders.
+    /// that, the port holds the rest in its own queues and their limits hold the senders (and
+    /// a handler that sends to its own port while it lags can wait until its send's deadline).
+    /// Messages that already wait for `queue` still reach `handler` after the port is
+    /// invalidated.
     ///
     /// - Parameters:
     ///   - queue: where `handler` runs.
-    ///   - bufferLimit: how many messages may wait for `queue` (at least 1).
+    ///   - bufferLimit: how many messages may wait for `queue` (below 1 means 1).
     ///   - handler: called on `queue` with each message.
     /// - Throws: `PKError` with `.invalidPort` if the port was invalidated.
     public func deliver(
@@ -70,11 +77,6 @@ extension PKReceivePort {
     /// Hands `buffer`'s messages to `handler` until it is empty (one drain at a time).
     private static func drain(_ buffer: DeliveryBuffer, of port: PKReceivePort, into handler: (PKPortMessage) -> Void) {
         while case .message(let message) = buffer.take(draining: true, releasing: port) { handler(message) }
-    }
-
-    /// Releases the port's hold on its delivery, on its loop (`releaseDelivery()` is loop-only).
-    fileprivate func releaseDeliveryOnItsLoop() {
-        runLoop?.perform { self.releaseDelivery() }
     }
 
     /// Runs `configure` on the port's loop, scheduling the port on the background loop first if
@@ -130,12 +132,14 @@ final class MessageConsumer: Sendable {
         self.buffer = buffer
     }
 
-    deinit {
-        buffer.finish(dropping: true)
-        port.invalidate()
-    }
+    deinit { end() }
 
     func next() async -> PKPortMessage? {
+        // A cancelled consumer takes nothing more, even from a full buffer.
+        if Task.isCancelled {
+            end()
+            return nil
+        }
         switch buffer.take(draining: false, releasing: port) {
         case .message(let message): return message
         case .finished: return nil
@@ -145,10 +149,15 @@ final class MessageConsumer: Sendable {
             await withCheckedContinuation { (waiter: CheckedContinuation<PKPortMessage?, Never>) in
                 buffer.wait(waiter, releasing: port)
             }
-        } onCancel: { [port, buffer] in
-            buffer.finish(dropping: true)
-            port.invalidate()
+        } onCancel: {
+            self.end()
         }
+    }
+
+    /// The consumer is done: what waits for it is dropped, and the port invalidated.
+    private func end() {
+        buffer.finish(dropping: true)
+        port.invalidate()
     }
 }
 
@@ -156,10 +165,10 @@ final class MessageConsumer: Sendable {
 /// the loop adds them, and holds the port's delivery when `limit` wait; the consumer takes
 /// them, and once half have gone asks the port's loop to release it. The flag changes under
 /// the lock, and the hold is made on the loop in the same delivery that set it: the release a
-/// consumer asks for (a block the loop performs later) always follows the hold it saw. The
-/// buffer does not hold the port (the port's handler holds the buffer): its consumer passes
-/// the port it holds.
-final class DeliveryBuffer: @unchecked Sendable {
+/// consumer asks for (through the port's own routine, which the loop runs later) always
+/// follows the hold it saw. The buffer does not hold the port (the port's handler holds the
+/// buffer): its consumer passes the port it holds.
+final class DeliveryBuffer: Sendable {
     enum Taken {
         case message(PKPortMessage)
         case empty
@@ -199,7 +208,7 @@ final class DeliveryBuffer: @unchecked Sendable {
         return hold
     }
 
-    /// Takes the next message; releases `port`'s hold when half the buffer has gone.
+    /// Takes the next message; ends `port`'s hold once at most half of `limit` wait.
     /// `draining`: the caller is the one drain `claimDrain()` started, which ends when it finds
     /// the buffer empty.
     func take(draining: Bool, releasing port: PKReceivePort) -> Taken {
@@ -221,7 +230,7 @@ final class DeliveryBuffer: @unchecked Sendable {
             state.held = false
             return (.message(message), true)
         }
-        if release { port.releaseDeliveryOnItsLoop() }
+        if release { port.requestDeliveryRelease() }
         return taken
     }
 
@@ -317,6 +326,10 @@ extension PKSendPort {
         let replyRight = handOver.slot.withLock { $0 }!
         var request = message
         request.replyPort = replyRight
+        if Task.isCancelled {
+            loop.perform { pending.finish(.failure(Self.cancelledRequest)) }
+            throw Self.cancelledRequest
+        }
         do {
             try send(request, before: .after(sendTimeout))
         } catch {

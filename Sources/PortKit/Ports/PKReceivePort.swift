@@ -54,6 +54,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
 
     /// `shared.isValid`, readable without the lock (set false under it, never true again).
     private let valid = Atomic<Bool>(true)
+    /// A consumer beyond the loop asked for a hold of delivery to end (`requestDeliveryRelease()`).
+    private let releaseRequested = Atomic<Bool>(false)
 
     /// State shared with other threads.
     struct Shared {
@@ -117,6 +119,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     @exclusivity(unchecked) private var noSendersCheckPending = false
     /// Delivery is held back (`holdDelivery()`): messages wait in the port's queues.
     @exclusivity(unchecked) private var deliveryHeld = false
+    /// Where in `ready` the delivery round that a hold stopped resumes (-1: none stopped there).
+    @exclusivity(unchecked) private var readyResumesAt = -1
     @exclusivity(unchecked) private var invalidationDelivered = false
     /// A scheduled port is kept alive by its loop, as `-[NSRunLoop addPort:forMode:]` retains
     /// its port: the guide's ports live in no variable but the run loop. The anchor holds the
@@ -323,6 +327,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             localQueueHead = 0
         }
         mailboxDeferred = false
+        // Nor does a no-senders check put off by a delivery or a hold report the revoked ones.
+        noSendersCheckPending = false
         if !awaitingGreeting.isEmpty { unlistAllAwaitingGreeting() }
         if !ready.isEmpty {
             for connection in ready { connection.isListedReady = false }
@@ -538,6 +544,10 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             return work
         }
         if work.invalidationRequested { finishInvalidation(); return }
+        // A release asked for before this look (and after the hold it ends) is taken now.
+        if releaseRequested.load(ordering: .relaxed) && releaseRequested.exchange(false, ordering: .acquiring) {
+            deliveryHeld = false
+        }
         if !work.adoptions.isEmpty, let loop = runLoop {
             for fd in work.adoptions {
                 if isValid { adopt(fd, on: loop) } else { Descriptor.close(fd) }
@@ -546,10 +556,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         deliverQueuedMessages()
         // The last in-process right left, after every message it sent was delivered (and
         // none arrived meanwhile: a handler may have sent the port in a message).
-        if work.lastLocalSenderLeft && isValid && hasNoSenders {
-            // Not before the messages it sent, which a hold keeps waiting.
-            if holdsLocalMessages { noSendersCheckPending = true } else { onNoSenders?() }
-        }
+        if work.lastLocalSenderLeft { checkNoSenders() }
     }
 
     /// Moves what the mailbox holds into the local queue, to be delivered in order. While the
@@ -717,19 +724,29 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         var progressed = true
         while progressed && isValid {
             progressed = false
-            // In-process messages first, in the order they were sent, then each connection's.
-            // (The head is 0 whenever the queue is empty, so this also finds a queue delivered
-            // but not yet reset.)
-            if !localQueue.isEmpty {
+            var index = 0
+            if readyResumesAt >= 0 {
+                // A round a hold stopped among the connections goes on from there (the
+                // in-process messages had their turn): a consumer that holds after each
+                // message still lets every sender's turn come.
+                index = min(readyResumesAt, ready.count)
+                readyResumesAt = -1
+                progressed = true  // and the next round takes the in-process messages
+            } else if !localQueue.isEmpty {
+                // In-process messages first, in the order they were sent, then each
+                // connection's. (The head is 0 whenever the queue is empty, so this also finds
+                // a queue delivered but not yet reset.)
                 guard let delivered = deliverLocalMessages(&deliver, &deliverChanges) else { return }
                 progressed = delivered
             }
             // One message per connection per round, so that one busy sender cannot hold up
             // the others; a connection leaves the list once it has nothing more.
-            var index = 0
             while index < ready.count {
                 if deliverChanges != handlerChanges {
-                    if deliveryHeld { return }  // the messages stay queued (see `holdDelivery()`)
+                    if deliveryHeld {  // the messages stay queued (see `holdDelivery()`)
+                        readyResumesAt = index
+                        return
+                    }
                     (deliver, deliverChanges) = (handler, handlerChanges)
                 }
                 let connection = ready[index]
@@ -827,34 +844,38 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         if localQueueHead < localQueue.count { deliverQueuedMessages() }
         // Again: a handler of those messages may have sent the port in a message.
         guard isValid, hasNoSenders else { return }
-        // Held messages come first: the release's delivery looks again.
-        if holdsLocalMessages {
+        // In-process messages still wait (held back, or in the mailbox behind the local
+        // queue): the delivery that takes them looks again.
+        if hasUndeliveredLocalMessages {
             noSendersCheckPending = true
             return
         }
         onNoSenders?()
     }
 
-    /// In-process messages wait for a release of delivery. Loop-only.
-    private var holdsLocalMessages: Bool { deliveryHeld && localQueueHead < localQueue.count }
+    /// In-process messages wait in the local queue or the mailbox. Loop-only.
+    private var hasUndeliveredLocalMessages: Bool {
+        localQueueHead < localQueue.count || shared.withLock { !$0.mailbox.isEmpty }
+    }
 
     // MARK: - Holding delivery back
 
-    /// Holds delivery back: the handler gets no more messages until `releaseDelivery()`. They
-    /// wait in the port's queues, whose limits (`PKPortLimits`) then hold the senders, as a
-    /// handler that is slow to return would: the back-pressure of a consumer beyond the loop
+    /// Holds delivery back: the handler gets no more messages until `requestDeliveryRelease()`.
+    /// They wait in the port's queues, whose limits (`PKPortLimits`) then hold the senders, as
+    /// a handler that is slow to return would: the back-pressure of a consumer beyond the loop
     /// (`messages(bufferLimit:)`, `deliver(on:bufferLimit:_:)`). The port stays scheduled:
-    /// connections are accepted and greeted, hang-ups and invalidation seen. Loop-only.
+    /// connections are accepted and greeted, hang-ups and invalidation seen; no-senders waits
+    /// for the in-process messages held. Loop-only.
     func holdDelivery() {
         deliveryHeld = true
         handlerChanges &+= 1  // what a delivery under way looks at before each message
     }
 
-    /// Delivers again, from the loop's next pass, what a hold kept waiting. Loop-only.
-    func releaseDelivery() {
-        guard deliveryHeld else { return }
-        deliveryHeld = false
-        if let loop = runLoop, isValid { adopter.signal(waking: loop) }
+    /// Ends a hold: the port's own routine (which runs in the port's modes) delivers again
+    /// what it kept waiting, from where the hold stopped. Safe from any thread.
+    func requestDeliveryRelease() {
+        releaseRequested.store(true, ordering: .releasing)
+        if let loop = runLoop { adopter.signal(waking: loop) }
     }
 
     /// No connection, no in-process right, no connection waiting to be adopted. Loop-only.

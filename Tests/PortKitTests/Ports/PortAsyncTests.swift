@@ -35,7 +35,7 @@ func waitAsync(_ what: String, timeout: Duration = .seconds(10), _ condition: @S
     /// `for await message in try port.messages()`: every message a thread sends arrives, in
     /// order, through an in-process right and through a connection; through a buffer of one,
     /// each message is held and released in turn. Leaving the loop invalidates the port.
-    @Test(arguments: [(false, 64), (true, 64), (true, 1)])
+    @Test(arguments: [(false, 64), (true, 64), (false, 1), (true, 1)])
     func messagesAsAnAsyncSequence(throughAConnection: Bool, bufferLimit: Int) async throws {
         let port = PKReceivePort()
         let right = throughAConnection ? try independentRight(to: port) : port.makeSendRight()
@@ -96,13 +96,16 @@ func waitAsync(_ what: String, timeout: Duration = .seconds(10), _ condition: @S
         let port = PKReceivePort(limits: limits)
         let stream = try port.messages(bufferLimit: 4)
         let right = port.makeSendRight()
-        let accepted = try Self.sendUntilFull(right)
+        let accepted = try await Self.sendUntilFull(right)
         // The buffer, the batch taken from the mailbox and the mailbox: 4 + 8 + 8.
         #expect(accepted >= 4 && accepted <= 4 + 2 * 8, "accepted \(accepted)")
         let more = 200
+        let sendFailures = Locked<[String]>([])
         let sender = TestThread {
             for id in accepted..<(accepted + more) {
-                try? right.send(PKPortMessage(msgid: UInt32(id)), timeout: patience(.seconds(30)))
+                do { try right.send(PKPortMessage(msgid: UInt32(id)), timeout: patience(.seconds(30))) } catch {
+                    sendFailures.withLock { $0.append("\(id): \(error)") }
+                }
             }
         }
         let ids = try await withDeadline(.seconds(30), "every accepted message") {
@@ -115,13 +118,17 @@ func waitAsync(_ what: String, timeout: Duration = .seconds(10), _ condition: @S
         }
         #expect(ids == (0..<UInt32(accepted + more)).map { $0 })
         try sender.joinPatiently()
+        #expect(sendFailures.value.isEmpty)
         port.invalidate()
     }
 
-    /// Sends numbered messages through `right` until one times out; returns how many went.
-    private static func sendUntilFull(_ right: PKSendPort) throws -> Int {
+    /// Sends numbered messages through `right`, on a thread of its own, until one times out;
+    /// returns how many went. (Awaited without blocking a thread of Swift concurrency's pool.)
+    private static func sendUntilFull(_ right: PKSendPort) async throws -> Int {
         let accepted = Locked(0)
+        let done = Locked(false)
         let sender = TestThread {
+            defer { done.value = true }
             for id in 0..<1_000 {
                 do {
                     try right.send(PKPortMessage(msgid: UInt32(id)), timeout: patience(.milliseconds(300)))
@@ -131,7 +138,8 @@ func waitAsync(_ what: String, timeout: Duration = .seconds(10), _ condition: @S
                 }
             }
         }
-        try sender.joinPatiently(timeout: .seconds(60))
+        try await waitAsync("a send to time out", timeout: .seconds(60)) { done.value }
+        try sender.joinPatiently()
         return accepted.value
     }
 
@@ -161,27 +169,136 @@ func waitAsync(_ what: String, timeout: Duration = .seconds(10), _ condition: @S
     /// `deliver(on:)` with a handler that is stuck: at most `bufferLimit` messages wait for the
     /// queue and the port's queue holds the rest; a send beyond that times out. Once the
     /// handler goes on, every accepted message comes, in order, and so do later ones.
-    @Test func aStuckQueueHoldsTheSendersBack() throws {
+    @Test func aStuckQueueHoldsTheSendersBack() async throws {
         let queue = DispatchQueue(label: "portkit.test.stuck", attributes: .concurrent)
         let gate = DispatchSemaphore(value: 0)
         let got = Locked<[UInt32]>([])
         var limits = PKPortLimits()
         limits.maxQueuedMessages = 8
         let port = PKReceivePort(limits: limits)
+        defer { port.invalidate() }
         try port.deliver(on: queue, bufferLimit: 4) { message in
-            if message.msgid == 0 { gate.wait() }
+            if message.msgid == 0 { _ = gate.wait(timeout: .now() + .seconds(60)) }
             got.withLock { $0.append(message.msgid) }
         }
+        defer { gate.signal() }  // (a second signal is harmless)
         let right = port.makeSendRight()
-        let accepted = try Self.sendUntilFull(right)
+        let accepted = try await Self.sendUntilFull(right)
         // The one in the handler, the buffer, the batch taken from the mailbox, the mailbox.
         #expect(accepted >= 5 && accepted <= 1 + 4 + 2 * 8, "accepted \(accepted)")
         gate.signal()
-        try waitPatiently("the accepted messages") { got.value.count == accepted }
-        for id in accepted..<(accepted + 100) { try right.send(PKPortMessage(msgid: UInt32(id)), timeout: patience(.seconds(30))) }
-        try waitPatiently("the later messages") { got.value.count == accepted + 100 }
+        try await waitAsync("the accepted messages") { got.value.count == accepted }
+        let sendFailures = Locked<[String]>([])
+        let sender = TestThread {
+            for id in accepted..<(accepted + 100) {
+                do { try right.send(PKPortMessage(msgid: UInt32(id)), timeout: patience(.seconds(30))) } catch {
+                    sendFailures.withLock { $0.append("\(id): \(error)") }
+                }
+            }
+        }
+        try await waitAsync("the later messages", timeout: .seconds(30)) { got.value.count == accepted + 100 || !sendFailures.value.isEmpty }
+        try sender.joinPatiently()
+        #expect(sendFailures.value.isEmpty)
         #expect(got.value == (0..<UInt32(accepted + 100)).map { $0 })
-        port.invalidate()
+    }
+
+    /// A consumer that holds the port after every message (a buffer of one) still lets every
+    /// sender's turn come: a connection's message waiting behind a flood of in-process ones
+    /// (each batch of them up to the port's queue limit, 8) arrives within the first few
+    /// batches, not after the flood.
+    @Test func aHoldAfterEveryMessageStarvesNoSender() async throws {
+        var limits = PKPortLimits()
+        limits.maxQueuedMessages = 8
+        let port = PKReceivePort(limits: limits)
+        defer { port.invalidate() }
+        let stream = try port.messages(bufferLimit: 1)
+        let connected = try independentRight(to: port)
+        let local = port.makeSendRight()
+        let flood = 200
+        try local.send(PKPortMessage(msgid: 0), timeout: .seconds(5))  // the hold begins
+        try connected.send(PKPortMessage(msgid: 1_000), timeout: .seconds(5))
+        let sendFailures = Locked<[String]>([])
+        let sender = TestThread {
+            for id in 1..<flood {
+                do { try local.send(PKPortMessage(msgid: UInt32(id)), timeout: patience(.seconds(30))) } catch {
+                    sendFailures.withLock { $0.append("\(id): \(error)") }
+                }
+            }
+        }
+        // Two blocks on the port's loop, one after the other: the connection's message has
+        // been read (into its queue: delivery is held) while the flood fills the mailbox.
+        PKRunLoop.background.performAndWait {}
+        PKRunLoop.background.performAndWait {}
+        let ids = try await withDeadline(.seconds(30), "every message") {
+            var ids: [UInt32] = []
+            for await message in stream {
+                ids.append(message.msgid)
+                if ids.count == flood + 1 { break }
+            }
+            return ids
+        }
+        try sender.joinPatiently()
+        #expect(sendFailures.value.isEmpty)
+        #expect(ids.filter { $0 != 1_000 } == (0..<UInt32(flood)).map { $0 })
+        let position = ids.firstIndex(of: 1_000) ?? ids.count
+        #expect(position < 3 * 8, "the connection's message came at \(position) of \(ids.count)")
+    }
+
+    /// No-senders waits for the messages a hold keeps in the port: the last in-process right
+    /// goes while all but the first of its messages wait there (a buffer of one, not yet taken
+    /// from), and `onNoSenders` runs only once the port has delivered the last of them, when
+    /// the consumer has taken all but that one.
+    @Test func noSendersWaitsForTheMessagesAHoldKeeps() async throws {
+        let port = PKReceivePort()
+        let taken = Locked(0)
+        let takenAtNoSenders = Locked<[Int]>([])
+        port.onNoSenders = { takenAtNoSenders.withLock { $0.append(taken.value) } }
+        let stream = try port.messages(bufferLimit: 1)
+        let count = 5
+        do {
+            // A counted in-process right (one received in a message, say; the owner's own
+            // `makeSendRight()` rights are not senders for no-senders).
+            let right = PKSendPort(localRight: LocalRight(port: port))
+            for id in 0..<count { try right.send(PKPortMessage(msgid: UInt32(id)), timeout: .seconds(5)) }
+        }  // the last right goes
+        // Two blocks on the port's loop, one after the other: the pass that saw the right go
+        // has ended before the consumer takes anything.
+        PKRunLoop.background.performAndWait {}
+        PKRunLoop.background.performAndWait {}
+        #expect(takenAtNoSenders.value.isEmpty, "no-senders ran while messages were held")
+        var ids: [UInt32] = []
+        for await message in stream {
+            ids.append(message.msgid)
+            taken.value = ids.count
+            if ids.count == count { break }
+        }
+        try await waitAsync("no-senders") { !takenAtNoSenders.value.isEmpty }
+        #expect(ids == (0..<UInt32(count)).map { $0 })
+        // (The consumer counts a message after `next()` returns it, and the loop may deliver
+        // the last one before that: all but one or two taken.)
+        #expect(takenAtNoSenders.value.count == 1 && takenAtNoSenders.value[0] >= count - 2,
+                "taken when no-senders ran: \(takenAtNoSenders.value)")
+    }
+
+    /// A cancelled consumer takes nothing more, even with messages waiting for it: the
+    /// iteration ends and the port is invalidated.
+    @Test func aCancelledConsumerTakesNothingMore() async throws {
+        let port = PKReceivePort()
+        let stream = try port.messages(bufferLimit: 8)
+        let right = port.makeSendRight()
+        for id in UInt32(0)..<4 { try right.send(PKPortMessage(msgid: id), timeout: .seconds(5)) }
+        // Two blocks on the port's loop, one after the other: the four are in the buffer.
+        PKRunLoop.background.performAndWait {}
+        PKRunLoop.background.performAndWait {}
+        let consumer = Task { () -> [UInt32] in
+            withUnsafeCurrentTask { $0?.cancel() }  // cancelled before it takes anything
+            var ids: [UInt32] = []
+            for await message in stream { ids.append(message.msgid) }
+            return ids
+        }
+        let ids = try await withDeadline(.seconds(30), "the cancelled consumer") { await consumer.value }
+        #expect(ids.isEmpty)
+        try await waitAsync("the port to be invalidated") { !port.isValid }
     }
 
     /// Cancelling the task of an async request ends its wait with `.cancelled`, and the reply
