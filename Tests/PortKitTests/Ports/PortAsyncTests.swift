@@ -244,6 +244,34 @@ func waitAsync(_ what: String, timeout: Duration = .seconds(10), _ condition: @S
         #expect(position < 3 * 8, "the connection's message came at \(position) of \(ids.count)")
     }
 
+    /// A port in a mode of its own, on a loop that runs only that mode, is released there: the
+    /// release is the port's own routine, which follows its modes (a block performed in the
+    /// common modes would never run, and the port would stay held after the first message).
+    @Test func aPortInAModeOfItsOwnIsReleasedThere() throws {
+        let got = Locked<[UInt32]>([])
+        try onPortLoopThread { loop in
+            let mode = PKRunLoopMode("PortAsyncTests.private")
+            let port = PKReceivePort()
+            defer { port.invalidate() }
+            try loop.add(port, forMode: mode)
+            let stream = try port.messages(bufferLimit: 1)
+            let right = port.makeSendRight()
+            for id in UInt32(0)..<3 { try right.send(PKPortMessage(msgid: id), timeout: .seconds(5)) }
+            let consumer = Task.detached {
+                for await message in stream {
+                    got.withLock { $0.append(message.msgid) }
+                    if got.value.count == 3 { break }
+                }
+            }
+            defer { consumer.cancel() }
+            let deadline = PKDeadline.after(patience(.seconds(10)))
+            while got.value.count < 3 && !deadline.hasPassed {
+                loop.run(in: mode, until: .after(.milliseconds(10)))
+            }
+        }
+        #expect(got.value == [0, 1, 2])
+    }
+
     /// No-senders waits for the messages a hold keeps in the port: the last in-process right
     /// goes while all but the first of its messages wait there (a buffer of one, not yet taken
     /// from), and `onNoSenders` runs only once the port has delivered the last of them, when
