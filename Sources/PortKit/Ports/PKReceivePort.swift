@@ -722,22 +722,29 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         var deliver = handler
         var deliverChanges = handlerChanges
         var progressed = true
+        // A round a hold stopped among the connections goes on from there (the in-process
+        // messages had their turn), and a whole round follows: a consumer that holds after
+        // each message still lets every sender's turn come. (Looked at once, not each round.)
+        var resumed = false
+        var index = 0
+        if readyResumesAt >= 0 {
+            (resumed, index) = (true, readyResumesAt)
+            readyResumesAt = -1
+        }
         while progressed && isValid {
-            progressed = false
-            var index = 0
-            if readyResumesAt >= 0 {
-                // A round a hold stopped among the connections goes on from there (the
-                // in-process messages had their turn): a consumer that holds after each
-                // message still lets every sender's turn come.
-                index = min(readyResumesAt, ready.count)
-                readyResumesAt = -1
-                progressed = true  // and the next round takes the in-process messages
-            } else if !localQueue.isEmpty {
+            progressed = resumed
+            if resumed {
+                resumed = false
+                index = min(index, ready.count)
+            } else {
+                index = 0
                 // In-process messages first, in the order they were sent, then each
                 // connection's. (The head is 0 whenever the queue is empty, so this also finds
                 // a queue delivered but not yet reset.)
-                guard let delivered = deliverLocalMessages(&deliver, &deliverChanges) else { return }
-                progressed = delivered
+                if !localQueue.isEmpty {
+                    guard let delivered = deliverLocalMessages(&deliver, &deliverChanges) else { return }
+                    progressed = delivered
+                }
             }
             // One message per connection per round, so that one busy sender cannot hold up
             // the others; a connection leaves the list once it has nothing more.
