@@ -99,9 +99,10 @@ extension PKReceivePort {
 
 /// A receive port's messages, for `for await` (`PKReceivePort.messages(bufferLimit:)`). One
 /// consumer at a time: an iterator made later takes from the same messages, and two tasks
-/// waiting for the next message at once is a programmer error (it traps). The sequence finishes when the
-/// port is invalidated; when the consumer leaves early (the loop left, the task cancelled, the
-/// sequence and its iterator released), the port is invalidated.
+/// waiting for the next message at once is a programmer error (it traps). The sequence
+/// finishes when the port is invalidated, after the messages it had taken from the port. The
+/// port is invalidated when the consumer is done: its task cancelled, or the sequence and
+/// every iterator of it released.
 public struct PKPortMessageSequence: AsyncSequence, Sendable {
     public typealias Element = PKPortMessage
     public typealias Failure = Never
@@ -115,8 +116,8 @@ public struct PKPortMessageSequence: AsyncSequence, Sendable {
         public typealias Failure = Never
         let consumer: MessageConsumer
 
-        /// The next message, or `nil` once the port is invalidated (after the messages that
-        /// arrived before) or the task is cancelled (which invalidates the port).
+        /// The next message, or `nil` once the port is invalidated (after the messages the
+        /// sequence had taken from it) or the task is cancelled (which invalidates the port).
         public mutating func next() async -> PKPortMessage? { await consumer.next() }
     }
 }
@@ -125,7 +126,7 @@ public struct PKPortMessageSequence: AsyncSequence, Sendable {
 /// leaves (cancelled, or released with the sequence and its iterators).
 final class MessageConsumer: Sendable {
     private let port: PKReceivePort
-    private let buffer: DeliveryBuffer
+    let buffer: DeliveryBuffer
 
     init(port: PKReceivePort, buffer: DeliveryBuffer) {
         self.port = port
@@ -189,6 +190,9 @@ final class DeliveryBuffer: Sendable {
     private let state = PKMutex(State())
 
     init(limit: Int) { self.limit = max(1, limit) }
+
+    /// How many messages wait for the consumer (for tests).
+    var waiting: Int { state.withLock { $0.count } }
 
     /// Adds a message delivered by the port (on its loop); returns whether the port must now
     /// hold its delivery. A finished buffer drops it.

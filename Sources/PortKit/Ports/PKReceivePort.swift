@@ -121,6 +121,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     @exclusivity(unchecked) private var deliveryHeld = false
     /// Where in `ready` the delivery round that a hold stopped resumes (-1: none stopped there).
     @exclusivity(unchecked) private var readyResumesAt = -1
+    /// Counts `onNoSenders` reports (see `performDeferredWork`).
+    @exclusivity(unchecked) private var noSendersReports: UInt64 = 0
     @exclusivity(unchecked) private var invalidationDelivered = false
     /// A scheduled port is kept alive by its loop, as `-[NSRunLoop addPort:forMode:]` retains
     /// its port: the guide's ports live in no variable but the run loop. The anchor holds the
@@ -334,6 +336,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             for connection in ready { connection.isListedReady = false }
             ready.removeAll()
         }
+        readyResumesAt = -1
         guard !connections.isEmpty else { return }
         let closing = connections.values
         connections = [:]
@@ -553,10 +556,12 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
                 if isValid { adopt(fd, on: loop) } else { Descriptor.close(fd) }
             }
         }
-        deliverQueuedMessages()
         // The last in-process right left, after every message it sent was delivered (and
-        // none arrived meanwhile: a handler may have sent the port in a message).
-        if work.lastLocalSenderLeft { checkNoSenders() }
+        // none arrived meanwhile: a handler may have sent the port in a message), unless the
+        // delivery's own check (one a hold or a delivery put off) has just reported it.
+        let reportsBefore = work.lastLocalSenderLeft ? noSendersReports : 0
+        deliverQueuedMessages()
+        if work.lastLocalSenderLeft && noSendersReports == reportsBefore { checkNoSenders() }
     }
 
     /// Moves what the mailbox holds into the local queue, to be delivered in order. While the
@@ -611,6 +616,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         unlistAllAwaitingGreeting()
         for connection in ready { connection.isListedReady = false }
         ready.removeAll()
+        readyResumesAt = -1
         for connection in closing { connection.close() }
         if let loop = runLoop, loop.isOwnedByCurrentThread {
             for mode in modes { loop.remove(adopter, forMode: mode) }
@@ -737,6 +743,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
                 resumed = false
                 index = min(index, ready.count)
             } else {
+                // A hold made by the resumed round's last delivery ends the call here, so that
+                // the next one starts a whole round (the in-process messages' turn comes).
+                if deliverChanges != handlerChanges && deliveryHeld { return }
                 index = 0
                 // In-process messages first, in the order they were sent, then each
                 // connection's. (The head is 0 whenever the queue is empty, so this also finds
@@ -840,7 +849,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     }
 
     /// Calls `onNoSenders` if the port has no sender left, after delivering everything they sent
-    /// (in memory too). During a delivery, the check waits for the delivery to end.
+    /// (in memory too). During a delivery, or while a hold keeps in-process messages, the check
+    /// waits for the delivery that takes them. Once per drop to no senders: an in-process
+    /// right's leaving not yet taken by the adopter is taken here.
     private func checkNoSenders() {
         guard isValid, hasNoSenders else { return }
         if isDelivering {
@@ -857,8 +868,16 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             noSendersCheckPending = true
             return
         }
+        shared.withLock { $0.localSendersGone = false }
+        noSendersReports &+= 1
         onNoSenders?()
     }
+
+    /// Messages read from connections and not yet delivered (for tests). Loop-only.
+    var queuedOnConnections: Int { ready.reduce(0) { $0 + $1.queuedCount } }
+
+    /// A no-senders check waits for a delivery (for tests). Loop-only.
+    var noSendersCheckIsPending: Bool { noSendersCheckPending }
 
     /// In-process messages wait in the local queue or the mailbox. Loop-only.
     private var hasUndeliveredLocalMessages: Bool {

@@ -340,6 +340,8 @@ final class ReceiveConnection {
     }
 
     var hasQueuedMessages: Bool { !queue.isEmpty }
+    /// How many messages wait (for tests).
+    var queuedCount: Int { queue.count }
 
     private func pauseReading() {
         guard !readingPaused else { return }

@@ -23,7 +23,9 @@ func withDeadline<R: Sendable>(
 
 /// Waits, without blocking a thread of Swift concurrency's pool (which the tasks under test
 /// need), until `condition` holds; fails with `TestTimeout` after `timeout` (patience applied).
-func waitAsync(_ what: String, timeout: Duration = .seconds(10), _ condition: @Sendable () -> Bool) async throws {
+/// 30 s by default, as `withDeadline`'s callers allow: other tests (exit tests' parents, long
+/// synchronous ones) can hold the pool's two threads for a while, this poll's with them.
+func waitAsync(_ what: String, timeout: Duration = .seconds(30), _ condition: @Sendable () -> Bool) async throws {
     let deadline = ContinuousClock.now + patience(timeout)
     while !condition() {
         guard ContinuousClock.now < deadline else { throw TestTimeout(what: what) }
@@ -156,7 +158,7 @@ func waitAsync(_ what: String, timeout: Duration = .seconds(10), _ condition: @S
             ended.value = true
         }
         try right.send(PKPortMessage(msgid: 1), timeout: .seconds(5))
-        try await waitAsync("the first message") { taken.value == 1 }
+        try await waitAsync("the first message", timeout: .seconds(30)) { taken.value == 1 }
         consumer.cancel()
         // Polled, not awaited: a consumer that ignored the cancellation would hold up the test.
         try await waitAsync("the cancelled iteration to end", timeout: .seconds(30)) { ended.value }
@@ -247,29 +249,59 @@ func waitAsync(_ what: String, timeout: Duration = .seconds(10), _ condition: @S
     /// A port in a mode of its own, on a loop that runs only that mode, is released there: the
     /// release is the port's own routine, which follows its modes (a block performed in the
     /// common modes would never run, and the port would stay held after the first message).
-    @Test func aPortInAModeOfItsOwnIsReleasedThere() throws {
+    /// Delivered on a queue, and the loop run on a thread of its own: neither needs Swift
+    /// concurrency's threads, which other tests may hold.
+    @Test func aPortInAModeOfItsOwnIsReleasedThere() async throws {
         let got = Locked<[UInt32]>([])
-        try onPortLoopThread { loop in
+        try await awaitLoopThread(timeout: patience(.seconds(30))) { loop in
             let mode = PKRunLoopMode("PortAsyncTests.private")
             let port = PKReceivePort()
             defer { port.invalidate() }
             try loop.add(port, forMode: mode)
-            let stream = try port.messages(bufferLimit: 1)
+            try port.deliver(on: DispatchQueue(label: "portkit.test.private-mode"), bufferLimit: 1) { message in
+                got.withLock { $0.append(message.msgid) }
+            }
             let right = port.makeSendRight()
             for id in UInt32(0)..<3 { try right.send(PKPortMessage(msgid: id), timeout: .seconds(5)) }
-            let consumer = Task.detached {
-                for await message in stream {
-                    got.withLock { $0.append(message.msgid) }
-                    if got.value.count == 3 { break }
-                }
-            }
-            defer { consumer.cancel() }
             let deadline = PKDeadline.after(patience(.seconds(10)))
             while got.value.count < 3 && !deadline.hasPassed {
                 loop.run(in: mode, until: .after(.milliseconds(10)))
             }
         }
         #expect(got.value == [0, 1, 2])
+    }
+
+    /// The other way round: an in-process message behind a connection's backlog arrives within
+    /// the first few rounds too, though each message the slow consumer takes ends a hold (a
+    /// resumed round is followed by a whole one, in which the in-process messages come first).
+    @Test func aHoldAfterEveryMessageStarvesNoInProcessSender() async throws {
+        let port = PKReceivePort()
+        defer { port.invalidate() }
+        let stream = try port.messages(bufferLimit: 1)
+        let connected = try independentRight(to: port)
+        let local = port.makeSendRight()
+        let backlog = 200
+        for id in 0..<backlog { try connected.send(PKPortMessage(msgid: UInt32(id)), timeout: patience(.seconds(30))) }
+        // The connection's messages are read into its queue (delivery is held after the first).
+        try await waitAsync("the backlog to be read") {
+            PKRunLoop.background.performAndWait { port.queuedOnConnections } >= backlog - 1
+        }
+        try local.send(PKPortMessage(msgid: 1_000), timeout: .seconds(5))
+        let ids = try await withDeadline(.seconds(60), "every message") {
+            var ids: [UInt32] = []
+            for await message in stream {
+                ids.append(message.msgid)
+                if ids.count == backlog + 1 { break }
+                // Slower than the loop: each message waits in the buffer, and holds the port.
+                try? await Task.sleep(for: .milliseconds(1))
+            }
+            return ids
+        }
+        #expect(ids.filter { $0 != 1_000 } == (0..<UInt32(backlog)).map { $0 })
+        let position = ids.firstIndex(of: 1_000) ?? ids.count
+        // (Its turn comes in the first whole round after a release: at most two of the
+        // connection's messages go before it. Without that, it came 5th to 200th.)
+        #expect(position <= 2, "the in-process message came at \(position) of \(ids.count)")
     }
 
     /// No-senders waits for the messages a hold keeps in the port: the last in-process right
@@ -289,16 +321,19 @@ func waitAsync(_ what: String, timeout: Duration = .seconds(10), _ condition: @S
             let right = PKSendPort(localRight: LocalRight(port: port))
             for id in 0..<count { try right.send(PKPortMessage(msgid: UInt32(id)), timeout: .seconds(5)) }
         }  // the last right goes
-        // Two blocks on the port's loop, one after the other: the pass that saw the right go
-        // has ended before the consumer takes anything.
-        PKRunLoop.background.performAndWait {}
-        PKRunLoop.background.performAndWait {}
+        // The loop has seen it go, with the messages held: its check waits for them.
+        try await waitAsync("the loop to see the last right go") {
+            PKRunLoop.background.performAndWait { port.noSendersCheckIsPending }
+        }
         #expect(takenAtNoSenders.value.isEmpty, "no-senders ran while messages were held")
-        var ids: [UInt32] = []
-        for await message in stream {
-            ids.append(message.msgid)
-            taken.value = ids.count
-            if ids.count == count { break }
+        let ids = try await withDeadline(.seconds(30), "the held messages") {
+            var ids: [UInt32] = []
+            for await message in stream {
+                ids.append(message.msgid)
+                taken.value = ids.count
+                if ids.count == count { break }
+            }
+            return ids
         }
         try await waitAsync("no-senders") { !takenAtNoSenders.value.isEmpty }
         #expect(ids == (0..<UInt32(count)).map { $0 })
@@ -315,17 +350,18 @@ func waitAsync(_ what: String, timeout: Duration = .seconds(10), _ condition: @S
         let stream = try port.messages(bufferLimit: 8)
         let right = port.makeSendRight()
         for id in UInt32(0)..<4 { try right.send(PKPortMessage(msgid: id), timeout: .seconds(5)) }
-        // Two blocks on the port's loop, one after the other: the four are in the buffer.
-        PKRunLoop.background.performAndWait {}
-        PKRunLoop.background.performAndWait {}
-        let consumer = Task { () -> [UInt32] in
+        try await waitAsync("the four in the buffer") { stream.consumer.buffer.waiting == 4 }
+        let taken = Locked<[UInt32]?>(nil)
+        let consumer = Task {
             withUnsafeCurrentTask { $0?.cancel() }  // cancelled before it takes anything
             var ids: [UInt32] = []
             for await message in stream { ids.append(message.msgid) }
-            return ids
+            taken.value = ids
         }
-        let ids = try await withDeadline(.seconds(30), "the cancelled consumer") { await consumer.value }
-        #expect(ids.isEmpty)
+        // Polled, not awaited: a consumer that ignored the cancellation would hold up the test.
+        try await waitAsync("the cancelled consumer to end", timeout: .seconds(30)) { taken.value != nil }
+        #expect(taken.value == [])
+        withExtendedLifetime(consumer) {}
         try await waitAsync("the port to be invalidated") { !port.isValid }
     }
 
@@ -346,12 +382,12 @@ func waitAsync(_ what: String, timeout: Duration = .seconds(10), _ condition: @S
                 outcome.value = "\((error as? PKError)?.code.description ?? "\(error)")"
             }
         }
-        try await waitAsync("the request to arrive") { !kept.value.isEmpty }
+        try await waitAsync("the request to arrive", timeout: .seconds(30)) { !kept.value.isEmpty }
         request.cancel()
         // Polled, not awaited: a request that ignored the cancellation would hold up the test.
         try await waitAsync("the cancelled request to end", timeout: .seconds(30)) { outcome.value != nil }
         #expect(outcome.value == "cancelled")
-        try await waitAsync("the reply right to become invalid") { !(kept.value.first?.isValid ?? true) }
+        try await waitAsync("the reply right to become invalid", timeout: .seconds(30)) { !(kept.value.first?.isValid ?? true) }
         kept.value = []
         try server.stop()
     }
