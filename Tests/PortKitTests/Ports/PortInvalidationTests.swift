@@ -182,6 +182,67 @@ import Testing
         #expect(evicted == [true, false, false], "only the oldest silent connection after the revoke is evicted")
     }
 
+    /// A no-senders check a hold put off does not outlive a revoke: the last counted in-process
+    /// right goes while its messages are held (the check waits for them), the revoke drops
+    /// them, and once the hold ends `onNoSenders` does not run for the revoked senders.
+    @Test func revokingSendersDropsANoSendersCheckAHoldPutOff() throws {
+        let (pendingBefore, pendingAfter, noSenders, delivered) = try onPortLoopThread { loop -> (Bool, Bool, Int, [UInt32]) in
+            var delivered: [UInt32] = []
+            var noSenders = 0
+            let port = PKReceivePort { delivered.append($0.msgid) }
+            port.onNoSenders = { noSenders += 1 }
+            try loop.add(port, forMode: .default)
+            defer { port.invalidate() }
+            port.holdDelivery()
+            do {
+                let right = PKSendPort(localRight: LocalRight(port: port))
+                for id in UInt32(1)...2 { try right.send(PKPortMessage(msgid: id), timeout: .seconds(5)) }
+            }  // the last counted right goes
+            try runLoop(loop, "the check to wait for the held messages") { port.noSendersCheckIsPending }
+            let pendingBefore = port.noSendersCheckIsPending
+            port.revokeSenders()
+            let pendingAfter = port.noSendersCheckIsPending
+            port.requestDeliveryRelease()
+            runLoop(loop, for: .milliseconds(20))
+            return (pendingBefore, pendingAfter, noSenders, delivered)
+        }
+        #expect(pendingBefore)
+        #expect(!pendingAfter, "the revoke dropped the check")
+        #expect(noSenders == 0, "no-senders ran for revoked senders")
+        #expect(delivered.isEmpty, "the revoke dropped the held messages")
+    }
+
+    /// The last in-process right and the last connection going in one wait make one drop to no
+    /// senders, and one report: the connection's end (a descriptor event, in that pass) reports
+    /// it and takes the in-process right's leaving, which the port's routine (in the next pass)
+    /// then does not report again.
+    @Test func noSendersIsReportedOnceWhenTheLastRightsGoTogether() throws {
+        let reports = try onPortLoopThread { loop -> Int in
+            var reports = 0
+            var delivered: [UInt32] = []
+            let port = PKReceivePort { delivered.append($0.msgid) }
+            port.onNoSenders = { reports += 1 }
+            try loop.add(port, forMode: .default)
+            defer { port.invalidate() }
+            var local: PKSendPort? = PKSendPort(localRight: LocalRight(port: port))
+            var connected: PKSendPort? = try independentRight(to: port)
+            try connected?.send(PKPortMessage(msgid: 1), timeout: .seconds(5))
+            try runLoop(loop, "the connection's message") { delivered == [1] }
+            // Both go just before the loop waits: the wait reports the connection's end and the
+            // in-process right's leaving (a wake-up for the port's routine) together.
+            let observer = PKRunLoopObserver(activities: .beforeWaiting, repeats: false) { _, _ in
+                local = nil
+                connected = nil
+            }
+            loop.add(observer, forMode: .default)
+            try runLoop(loop, "no-senders") { reports > 0 }
+            runLoop(loop, for: .milliseconds(20))
+            withExtendedLifetime((local, connected)) {}
+            return reports
+        }
+        #expect(reports == 1)
+    }
+
     @Test func anInvalidatedPortWhoseHandlerCapturesItIsReleased() throws {
         let released = try onPortLoopThread { loop -> Bool in
             weak var watched: PKReceivePort?
