@@ -33,6 +33,21 @@ func waitAsync(_ what: String, timeout: Duration = .seconds(30), _ condition: @S
     }
 }
 
+/// What `body` returns, run on the background loop (whose state is loop-only), waited for up
+/// to `timeout` (patience applied); `nil` if the loop did not get to it by then.
+func onBackgroundLoop<R: Sendable>(timeout: Duration = .seconds(30), _ body: @escaping @Sendable () -> R) -> R? {
+    let done = DispatchSemaphore(value: 0)
+    let result = Locked<R?>(nil)
+    PKRunLoop.background.perform {
+        result.value = body()
+        done.signal()
+    }
+    let (seconds, attoseconds) = patience(timeout).components
+    let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
+    guard done.wait(timeout: .now() + .nanoseconds(nanoseconds)) == .success else { return nil }
+    return result.value
+}
+
 @Suite struct PortAsyncTests {
     /// `for await message in try port.messages()`: every message a thread sends arrives, in
     /// order, through an in-process right and through a connection; through a buffer of one,
@@ -227,10 +242,11 @@ func waitAsync(_ what: String, timeout: Duration = .seconds(30), _ condition: @S
                 }
             }
         }
-        // Two blocks on the port's loop, one after the other: the connection's message has
-        // been read (into its queue: delivery is held) while the flood fills the mailbox.
-        PKRunLoop.background.performAndWait {}
-        PKRunLoop.background.performAndWait {}
+        // Two blocks on the port's loop, one after the other, before the consumer starts: the
+        // connection's message is read by then (into its queue, while the flood fills the
+        // mailbox; or delivered first, if the loop read it before the first in-process one).
+        _ = onBackgroundLoop {}
+        _ = onBackgroundLoop {}
         let ids = try await withDeadline(.seconds(30), "every message") {
             var ids: [UInt32] = []
             for await message in stream {
@@ -284,7 +300,7 @@ func waitAsync(_ what: String, timeout: Duration = .seconds(30), _ condition: @S
         for id in 0..<backlog { try connected.send(PKPortMessage(msgid: UInt32(id)), timeout: patience(.seconds(30))) }
         // The connection's messages are read into its queue (delivery is held after the first).
         try await waitAsync("the backlog to be read") {
-            PKRunLoop.background.performAndWait { port.queuedOnConnections } >= backlog - 1
+            (onBackgroundLoop { port.queuedOnConnections } ?? 0) >= backlog - 1
         }
         try local.send(PKPortMessage(msgid: 1_000), timeout: .seconds(5))
         let ids = try await withDeadline(.seconds(60), "every message") {
@@ -323,7 +339,7 @@ func waitAsync(_ what: String, timeout: Duration = .seconds(30), _ condition: @S
         }  // the last right goes
         // The loop has seen it go, with the messages held: its check waits for them.
         try await waitAsync("the loop to see the last right go") {
-            PKRunLoop.background.performAndWait { port.noSendersCheckIsPending }
+            onBackgroundLoop { port.noSendersCheckIsPending } ?? false
         }
         #expect(takenAtNoSenders.value.isEmpty, "no-senders ran while messages were held")
         let ids = try await withDeadline(.seconds(30), "the held messages") {
