@@ -48,6 +48,32 @@ func onBackgroundLoop<R: Sendable>(timeout: Duration = .seconds(30), _ body: @es
     return result.value
 }
 
+/// A thread sending messages numbered `ids` through `right` (each carrying its number's low
+/// byte, if `withData`), each within 30 s (patience applied): a full port holds it, as it
+/// holds any sender. `failures` says which sends failed, and why.
+final class NumberedSender: Sendable {
+    let thread: TestThread
+    let failures = Locked<[String]>([])
+
+    init(_ ids: Range<Int>, through right: PKSendPort, withData: Bool = false) {
+        let failures = failures
+        thread = TestThread {
+            for id in ids {
+                let data = withData ? [UInt8(truncatingIfNeeded: id)] : []
+                do { try right.send(PKPortMessage(msgid: UInt32(id), data: data), timeout: patience(.seconds(30))) } catch {
+                    failures.withLock { $0.append("\(id): \(error)") }
+                }
+            }
+        }
+    }
+
+    /// Waits for the thread, then expects that every send went.
+    func finish() throws {
+        try thread.joinPatiently()
+        #expect(failures.value.isEmpty)
+    }
+}
+
 @Suite struct PortAsyncTests {
     /// `for await message in try port.messages()`: every message a thread sends arrives, in
     /// order, through an in-process right and through a connection; through a buffer of one,
@@ -57,15 +83,8 @@ func onBackgroundLoop<R: Sendable>(timeout: Duration = .seconds(30), _ body: @es
         let port = PKReceivePort()
         let right = throughAConnection ? try independentRight(to: port) : port.makeSendRight()
         let count = 500
-        let sendFailures = Locked<[String]>([])
-        let sender = TestThread {
-            // The consumer may be slow to start (the concurrency pool is shared): wait for room.
-            for id in 0..<count {
-                do { try right.send(PKPortMessage(msgid: UInt32(id), data: [UInt8(truncatingIfNeeded: id)]), timeout: patience(.seconds(30))) } catch {
-                    sendFailures.withLock { $0.append("\(id): \(error)") }
-                }
-            }
-        }
+        // The consumer may be slow to start (the concurrency pool is shared): the sends wait.
+        let sender = NumberedSender(0..<count, through: right, withData: true)
         let ids = try await withDeadline(.seconds(30), "\(count) messages") {
             var ids: [UInt32] = []
             for await message in try port.messages(bufferLimit: bufferLimit) {
@@ -76,8 +95,7 @@ func onBackgroundLoop<R: Sendable>(timeout: Duration = .seconds(30), _ body: @es
             return ids
         }
         #expect(ids == (0..<UInt32(count)).map { $0 })
-        try sender.joinPatiently()
-        #expect(sendFailures.value.isEmpty)
+        try sender.finish()
         try waitPatiently("the port to be invalidated when the iteration ended") { !port.isValid }
         // (A connection's sender learns it from the hang-up, a moment later.)
         try waitPatiently("the sender's right to become invalid") { !right.isValid }
@@ -117,14 +135,7 @@ func onBackgroundLoop<R: Sendable>(timeout: Duration = .seconds(30), _ body: @es
         // The buffer, the batch taken from the mailbox and the mailbox: 4 + 8 + 8.
         #expect(accepted >= 4 && accepted <= 4 + 2 * 8, "accepted \(accepted)")
         let more = 200
-        let sendFailures = Locked<[String]>([])
-        let sender = TestThread {
-            for id in accepted..<(accepted + more) {
-                do { try right.send(PKPortMessage(msgid: UInt32(id)), timeout: patience(.seconds(30))) } catch {
-                    sendFailures.withLock { $0.append("\(id): \(error)") }
-                }
-            }
-        }
+        let sender = NumberedSender(accepted..<(accepted + more), through: right)
         let ids = try await withDeadline(.seconds(30), "every accepted message") {
             var ids: [UInt32] = []
             for await message in stream {
@@ -134,8 +145,7 @@ func onBackgroundLoop<R: Sendable>(timeout: Duration = .seconds(30), _ body: @es
             return ids
         }
         #expect(ids == (0..<UInt32(accepted + more)).map { $0 })
-        try sender.joinPatiently()
-        #expect(sendFailures.value.isEmpty)
+        try sender.finish()
         port.invalidate()
     }
 
@@ -205,17 +215,9 @@ func onBackgroundLoop<R: Sendable>(timeout: Duration = .seconds(30), _ body: @es
         #expect(accepted >= 5 && accepted <= 1 + 4 + 2 * 8, "accepted \(accepted)")
         gate.signal()
         try await waitAsync("the accepted messages") { got.value.count == accepted }
-        let sendFailures = Locked<[String]>([])
-        let sender = TestThread {
-            for id in accepted..<(accepted + 100) {
-                do { try right.send(PKPortMessage(msgid: UInt32(id)), timeout: patience(.seconds(30))) } catch {
-                    sendFailures.withLock { $0.append("\(id): \(error)") }
-                }
-            }
-        }
-        try await waitAsync("the later messages", timeout: .seconds(30)) { got.value.count == accepted + 100 || !sendFailures.value.isEmpty }
-        try sender.joinPatiently()
-        #expect(sendFailures.value.isEmpty)
+        let sender = NumberedSender(accepted..<(accepted + 100), through: right)
+        try await waitAsync("the later messages") { got.value.count == accepted + 100 || !sender.failures.value.isEmpty }
+        try sender.finish()
         #expect(got.value == (0..<UInt32(accepted + 100)).map { $0 })
     }
 
@@ -234,14 +236,7 @@ func onBackgroundLoop<R: Sendable>(timeout: Duration = .seconds(30), _ body: @es
         let flood = 200
         try local.send(PKPortMessage(msgid: 0), timeout: .seconds(5))  // the hold begins
         try connected.send(PKPortMessage(msgid: 1_000), timeout: .seconds(5))
-        let sendFailures = Locked<[String]>([])
-        let sender = TestThread {
-            for id in 1..<flood {
-                do { try local.send(PKPortMessage(msgid: UInt32(id)), timeout: patience(.seconds(30))) } catch {
-                    sendFailures.withLock { $0.append("\(id): \(error)") }
-                }
-            }
-        }
+        let sender = NumberedSender(1..<flood, through: local)
         // Two blocks on the port's loop, one after the other, before the consumer starts: the
         // connection's message is read by then (into its queue, while the flood fills the
         // mailbox; or delivered first, if the loop read it before the first in-process one).
@@ -255,8 +250,7 @@ func onBackgroundLoop<R: Sendable>(timeout: Duration = .seconds(30), _ body: @es
             }
             return ids
         }
-        try sender.joinPatiently()
-        #expect(sendFailures.value.isEmpty)
+        try sender.finish()
         #expect(ids.filter { $0 != 1_000 } == (0..<UInt32(flood)).map { $0 })
         let position = ids.firstIndex(of: 1_000) ?? ids.count
         #expect(position < 3 * 8, "the connection's message came at \(position) of \(ids.count)")
