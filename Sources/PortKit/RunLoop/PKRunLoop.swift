@@ -396,6 +396,9 @@ public final class PKRunLoop: @unchecked Sendable {
         wakeUp()
     }
 
+    /// How many blocks given to `perform` wait to run (for tests). Safe from any thread.
+    var queuedPerformBlocks: Int { performCount.load(ordering: .acquiring) }
+
     // MARK: - Running
 
     /// Runs the loop in `mode` until `deadline`, a stop, an empty mode or (if asked) one handled

@@ -2,6 +2,7 @@
 // DispatchQueue, and async request/reply.
 
 import Dispatch
+import Glibc
 import Testing
 @testable import PortKit
 
@@ -30,6 +31,19 @@ func waitAsync(_ what: String, timeout: Duration = .seconds(30), _ condition: @S
     while !condition() {
         guard ContinuousClock.now < deadline else { throw TestTimeout(what: what) }
         try? await Task.sleep(for: .milliseconds(1))
+    }
+}
+
+/// Runs tasks that prefer it on a dispatch queue of its own, off Swift concurrency's pool: a
+/// test that holds the background loop until one of its tasks gets somewhere cannot count on
+/// the pool, whose two threads other tests may have blocked waiting for that same loop.
+final class QueueExecutor: TaskExecutor {
+    private let queue = DispatchQueue(label: "portkit.test.executor")
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        let executor = asUnownedTaskExecutor()
+        queue.async { job.runSynchronously(on: executor) }
     }
 }
 
@@ -400,6 +414,52 @@ final class NumberedSender: Sendable {
         try await waitAsync("the reply right to become invalid", timeout: .seconds(30)) { !(kept.value.first?.isValid ?? true) }
         kept.value = []
         try server.stop()
+    }
+
+    /// A request whose task is cancelled while its set-up waits for the background loop sends
+    /// nothing: it ends with `.cancelled`, and the server's first message is one sent after it.
+    /// (The loop is held by a block until the set-up is queued behind it. Another test's block
+    /// queued meanwhile can make the cancel come before the request's first look, which sends
+    /// nothing either: the test then passes without reaching the set-up's look.)
+    @Test func aRequestCancelledDuringItsSetUpSendsNothing() async throws {
+        // The test and its request run on a queue of their own, so that the hold ends however
+        // busy the pool is (see QueueExecutor).
+        let executor = QueueExecutor()
+        try await withTaskExecutorPreference(executor) {
+            let got = Locked<[UInt32]>([])
+            let server = try PortServer { port, _ in
+                port.handler = { message in got.withLock { $0.append(message.msgid) } }
+            }
+            let right = server.right
+            let loop = PKRunLoop.background
+            let holding = Locked(false)
+            let request = Locked<Task<Void, Never>?>(nil)
+            let outcome = Locked<String?>(nil)
+            loop.perform {
+                holding.value = true
+                let deadline = ContinuousClock.now + patience(.seconds(30))
+                while request.value == nil || loop.queuedPerformBlocks == 0, ContinuousClock.now < deadline {
+                    usleep(1_000)
+                }
+                request.value?.cancel()
+            }
+            try await waitAsync("the background loop to be held") { holding.value }
+            request.value = Task(executorPreference: executor) {
+                do {
+                    _ = try await right.request(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(60)))
+                    outcome.value = "a reply"
+                } catch {
+                    outcome.value = "\((error as? PKError)?.code.description ?? "\(error)")"
+                }
+            }
+            // Polled, not awaited: a request that ignored the cancellation would hold up the test.
+            try await waitAsync("the cancelled request to end") { outcome.value != nil }
+            #expect(outcome.value == "cancelled")
+            try right.send(PKPortMessage(msgid: 2), timeout: .seconds(5))
+            try await waitAsync("the message sent after it") { !got.value.isEmpty }
+            #expect(got.value == [2])
+            try server.stop()
+        }
     }
 
     /// `deliver(on:)`: messages are handed to the handler on the queue, in order.
