@@ -313,7 +313,9 @@ case "inherit":
 case "worker":
     do {
         try PKWorkerProcess.serve { context in
-            context.checkInData = Array("pid \(getpid())".utf8)
+            // The launcher's variable is gone by now: programs the worker starts do not see it.
+            let inherited = getenv("PORTKIT_WORKER").map { " PORTKIT_WORKER=\(String(cString: $0))" } ?? ""
+            context.checkInData = Array("pid \(getpid())\(inherited)".utf8)
             let loop = context.loop
             context.port.handler = { echo($0, loop: loop) }
         }

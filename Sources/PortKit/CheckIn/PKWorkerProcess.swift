@@ -78,7 +78,9 @@ public final class PKWorkerProcess: @unchecked Sendable {
     /// In a process started by `PKWorkerProcess`: checks in with the launcher (msgid 100, this
     /// process's port as the reply port) and serves messages on the main thread's loop until
     /// told to stop, or until the launcher dies (its end of the check-in connection closes).
-    /// The counterpart of `PKWorkerThread`'s thread body.
+    /// The counterpart of `PKWorkerThread`'s thread body. It removes `PORTKIT_WORKER` from the
+    /// environment first, so that a PortKit program the worker starts is not taken for a
+    /// worker (call it before starting threads that read the environment).
     ///
     /// - Parameter setUp: runs before the check-in; set `context.port.handler` here.
     /// - Throws: `PKError` with `.checkInFailed` if this process was not launched as a worker or
@@ -91,6 +93,8 @@ public final class PKWorkerProcess: @unchecked Sendable {
             throw PKError(.checkInFailed, "\(environmentKey) is \"\(value.prefix(80))\", not NAME:0 or NAME:1")
         }
         let (name, hasMain) = parsed
+        // Programs this worker starts are not workers of the launcher's: they must not see it.
+        Files.removeEnvironment(environmentKey)
         let checkInRight = PKSendPort(connection: SendConnection(takingOwnershipOf: try Descriptor.adoptInherited(checkInDescriptor)))
         let mainPort = hasMain ? PKSendPort(connection: SendConnection(takingOwnershipOf: try Descriptor.adoptInherited(mainPortDescriptor))) : nil
         try WorkerRuntime.serve(name: name, mainPort: mainPort, checkInRight: checkInRight, watchLauncher: true, setUp: setUp)

@@ -5,6 +5,22 @@
 struct NameDirectory: Sendable {
     let path: String
 
+    /// The directory at `path`, without trailing `/` and `/.` (through which `lstat` would
+    /// follow a link: `link/` would pass for a real directory).
+    init(path: String) {
+        var path = path
+        while true {
+            if path.utf8.count > 2, path.hasSuffix("/.") {
+                path.removeLast(2)
+            } else if path.utf8.count > 1, path.hasSuffix("/") {
+                path.removeLast()
+            } else {
+                break
+            }
+        }
+        self.path = path
+    }
+
     /// The longest name: it keeps `<directory>/<name>.sock.new` far below `sun_path`'s limit
     /// in the usual directories.
     static let maxNameLength = 64
@@ -42,7 +58,7 @@ struct NameDirectory: Sendable {
         try Self.validate(name)
         let staging = stagingPath(name)
         if staging.utf8.count > Socket.maxPathLength {
-            throw PKError(.badName, "the socket path for \"\(name)\" in \(path) would be \(staging.utf8.count) bytes; a Unix socket path holds at most \(Socket.maxPathLength)")
+            throw PKError(.badName, "the staging socket path for \"\(name)\" (\(staging)) would be \(staging.utf8.count) bytes; a Unix socket path holds at most \(Socket.maxPathLength)")
         }
         return (socketPath(name), staging, lockPath(name))
     }

@@ -18,6 +18,8 @@ final class NameRegistration {
     private let anchor: PortAnchor
     private var port: PKReceivePort? { anchor.port }
     private(set) var isActive = true
+    /// The port's invalidation hook that ends this registration, removed when it ends first.
+    var invalidationHook: Int?
 
     /// Registers `name` for `port`, whose loop is the calling thread's. Loop-only.
     init(name: String, port: PKReceivePort, directory: NameDirectory) throws(PKError) {
@@ -97,6 +99,8 @@ final class NameRegistration {
     func end() {
         guard isActive else { return }
         isActive = false
+        if let invalidationHook, let port { port.removeInvalidationHook(invalidationHook) }
+        invalidationHook = nil
         resumeTimer?.invalidate()
         resumeTimer = nil
         if let listener, let port { port.detachCompanion(listener) } else { listener?.invalidate() }
@@ -127,7 +131,11 @@ final class NameRegistration {
             }
             // The lock counts only if the file we locked is still the one at the path.
             let held = try? Files.status(of: fd)
-            let current = try Files.status(path)
+            let current: FileStatus?
+            do throws(PKError) { current = try Files.status(path) } catch {
+                Descriptor.close(fd)
+                throw error
+            }
             if let held, let current, held.inode == current.inode, current.kind == .regular {
                 return fd
             }

@@ -24,9 +24,10 @@ public struct PKNameServer: Sendable {
     /// The name server in the default directory.
     public static var shared: PKNameServer { PKNameServer() }
 
-    /// A name server in `directory` (the default when `nil`).
+    /// A name server in `directory` (the default when `nil`), kept without trailing `/` or
+    /// `/.`, so that the directory checked is the one named, never a link's target.
     public init(directory: String? = nil) {
-        self.directory = directory ?? NameDirectory.defaultPath()
+        self.directory = NameDirectory(path: directory ?? NameDirectory.defaultPath()).path
     }
 
     private var names: NameDirectory { NameDirectory(path: directory) }
@@ -46,9 +47,14 @@ public struct PKNameServer: Sendable {
         let registration = try NameRegistration(name: name, port: port, directory: names)
         let key = RegistryKey(directory: directory, name: name)
         registry.withLock { $0[key] = UncheckedBox(registration) }
-        port.addInvalidationHook {
+        // The hook goes with the registration (`end` removes it): a port registered and
+        // unregistered over and over keeps none, and its invalidation removes only the name it
+        // still holds, not one registered again since for another port.
+        registration.invalidationHook = port.addInvalidationHook {
             registration.end()
-            _ = registry.withLock { $0.removeValue(forKey: key) }
+            registry.withLock { entries in
+                if entries[key]?.value === registration { entries.removeValue(forKey: key) }
+            }
         }
     }
 
@@ -68,7 +74,8 @@ public struct PKNameServer: Sendable {
     /// A send right to the port registered under `name` (`-[NSPortNameServer portForName:]`).
     /// Safe from any thread.
     ///
-    /// - Throws: `PKError` with `.nameNotFound` (no live owner), `.badName`,
+    /// - Throws: `PKError` with `.nameNotFound` (no live owner, or, rarely, an owner whose
+    ///   backlog of connections is full: `lookUp(_:timeout:)` waits that out), `.badName`,
     ///   `.permissionDenied` (the owner is another user), `.unsafeDirectory`, or `.system`.
     public func lookUp(_ name: String) throws(PKError) -> PKSendPort {
         let paths = try names.paths(for: name)
@@ -87,7 +94,10 @@ public struct PKNameServer: Sendable {
 
     /// A send right to the port registered under `name`, waiting until `deadline` for the
     /// name to appear (`-[NSPortNameServer portForName:host:]` with a wait). It waits on
-    /// inotify, not by polling. Safe from any thread; it blocks the calling thread.
+    /// inotify for the name's socket to be made, not by polling; an owner that dies while the
+    /// connection is being made is waited past in the same way. Only an owner whose backlog of
+    /// connections is full, which no file event announces, is tried again every 10 ms. Safe
+    /// from any thread; it blocks the calling thread.
     ///
     /// - Throws: as `lookUp(_:)`, with `.nameNotFound` once the deadline passes.
     public func lookUp(_ name: String, waitingUntil deadline: PKDeadline) throws(PKError) -> PKSendPort {
@@ -97,21 +107,31 @@ public struct PKNameServer: Sendable {
         defer { Descriptor.close(watch) }
         let socketFile = "\(name).sock"
         while true {
+            var backlogFull = false
             switch Socket.connect(to: paths.socket) {
             case .success(let fd):
-                return try Self.finishConnection(fd, name: name)
+                do throws(PKError) {
+                    return try Self.finishConnection(fd, name: name)
+                } catch where error.code == .nameNotFound {
+                    // The owner went away during the greeting: wait for the next one.
+                }
             case .failure(.system(let error)):
                 throw error
-            case .failure(.noSuchName), .failure(.refused), .failure(.busy):
+            case .failure(.busy):
+                backlogFull = true
+            case .failure(.noSuchName), .failure(.refused):
                 break
             }
-            // Wait for the name to be (re)created: the owner renames its socket into place.
+            // Wait for the name to be (re)created: the owner renames its socket into place. A
+            // full backlog ends with no event: wait 10 ms at most, then try again.
             while !Inotify.sawName(watch, socketFile) {
                 let timeout = deadline.pollTimeoutMilliseconds(now: monotonicNanoseconds())
                 if timeout == 0 {
                     throw PKError(.nameNotFound, "no port was registered under \"\(name)\" in \(directory) before the deadline")
                 }
-                _ = try Descriptor.poll(watch, events: Int16(1), timeoutMilliseconds: timeout)
+                let wait = backlogFull ? (timeout < 0 ? 10 : min(timeout, 10)) : timeout
+                let events = try Descriptor.poll(watch, events: Int16(1), timeoutMilliseconds: wait)
+                if backlogFull && events == 0 { break }
             }
         }
     }

@@ -105,8 +105,10 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     @exclusivity(unchecked) private var mailboxDeferred = false
     /// Sources that live and die with the port and follow its modes (a name's listener).
     @exclusivity(unchecked) private var companions: [PKDescriptorSource] = []
-    /// Run when the port is invalidated, before `onInvalidation` (a name's removal).
-    @exclusivity(unchecked) private var invalidationHooks: [() -> Void] = []
+    /// Run when the port is invalidated, before `onInvalidation` (a name's removal), each
+    /// with the token that removes it.
+    @exclusivity(unchecked) private(set) var invalidationHooks: [(token: Int, hook: () -> Void)] = []
+    @exclusivity(unchecked) private var nextInvalidationHookToken = 0
     /// Drops accepted connections that did not greet in time.
     @exclusivity(unchecked) private var greetingTimer: PKTimer?
     /// The accepted connections that have not greeted yet, at most `limits.maxPendingGreetings`,
@@ -400,8 +402,18 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         source.invalidate()
     }
 
-    /// Runs `hook` when the port is invalidated (before `onInvalidation`). Loop-only.
-    func addInvalidationHook(_ hook: @escaping () -> Void) { invalidationHooks.append(hook) }
+    /// Runs `hook` when the port is invalidated (before `onInvalidation`), unless
+    /// `removeInvalidationHook` is given the token returned first. Loop-only.
+    func addInvalidationHook(_ hook: @escaping () -> Void) -> Int {
+        nextInvalidationHookToken += 1
+        invalidationHooks.append((nextInvalidationHookToken, hook))
+        return nextInvalidationHookToken
+    }
+
+    /// Drops the hook `addInvalidationHook` returned `token` for (none if it has run). Loop-only.
+    func removeInvalidationHook(_ token: Int) {
+        invalidationHooks.removeAll { $0.token == token }
+    }
 
     /// Takes a connection accepted from a named socket. Loop-only. The peer must be the same
     /// user and greet within `limits.greetingTimeout`; the port keeps at most
@@ -606,7 +618,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         localQueueHead = 0
         let hooks = invalidationHooks
         invalidationHooks = []
-        for hook in hooks { hook() }
+        for entry in hooks { entry.hook() }
         for companion in companions { companion.invalidate() }
         companions = []
         greetingTimer?.invalidate()

@@ -89,6 +89,11 @@ enum Files {
         guard let value = getenv(name) else { return nil }
         return String(cString: value)
     }
+
+    /// Removes an environment variable. The corresponding call is `unsetenv(3)`.
+    static func removeEnvironment(_ name: String) {
+        _ = unsetenv(name)
+    }
 }
 
 extension Socket {

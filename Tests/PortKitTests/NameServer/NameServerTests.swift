@@ -1,6 +1,7 @@
 import Testing
 import Foundation
 @testable import PortKit
+import CPortKit
 
 /// A private name directory for one test, removed afterwards.
 final class TemporaryNameDirectory: Sendable {
@@ -62,6 +63,79 @@ final class TemporaryNameDirectory: Sendable {
         }
     }
 
+    /// A port's invalidation removes only the name it still holds: A registers a name and gives
+    /// it up, B registers it; A's invalidation leaves B's name, which B can still unregister.
+    /// (A's old hook removed B's entry: the unregister failed with `.nameNotFound`.) Names
+    /// registered and unregistered over and over leave the port no hooks.
+    @Test func anInvalidatedPortLeavesItsOldNameToTheNextOwner() throws {
+        let dir = TemporaryNameDirectory()
+        try onLoopThread { loop in
+            let a = PKReceivePort()
+            let b = PKReceivePort()
+            try loop.add(a, forMode: .default)
+            try loop.add(b, forMode: .default)
+            for _ in 0..<100 {
+                try dir.server.register(a, name: "handed.on")
+                try dir.server.unregister(name: "handed.on")
+            }
+            #expect(a.invalidationHooks.count == 0)
+            try dir.server.register(b, name: "handed.on")
+            a.invalidate()
+            _ = try dir.server.lookUp("handed.on")
+            try dir.server.unregister(name: "handed.on")
+            #expect { _ = try dir.server.lookUp("handed.on") } throws: { ($0 as? PKError)?.code == .nameNotFound }
+            #expect(b.invalidationHooks.count == 0)
+            b.invalidate()
+        }
+    }
+
+    /// A waiting lookup of a live owner whose backlog is full gets its right once the owner
+    /// accepts again. (No file event comes for that: the lookup waited for its deadline.)
+    @Test func aWaitingLookUpOutlastsAFullBacklog() throws {
+        let dir = TemporaryNameDirectory()
+        let server = dir.server
+        try onLoopThread(timeout: .seconds(90)) { loop in
+            var got: [UInt32] = []
+            let port = PKReceivePort { got.append($0.msgid) }
+            try loop.add(port, forMode: .default)
+            try server.register(port, name: "full")
+            // Connections the loop does not accept yet, until the kernel refuses one.
+            var waiting: [Int32] = []
+            defer { for fd in waiting { Descriptor.close(fd) } }
+            var full = false
+            for _ in 0..<10_000 where !full {
+                switch Socket.connect(to: dir.path + "/full.sock") {
+                case .success(let fd): waiting.append(fd)
+                case .failure(.busy): full = true
+                case .failure(let other): throw other
+                }
+            }
+            try #require(full)
+            #expect { _ = try server.lookUp("full") } throws: { ($0 as? PKError)?.code == .nameNotFound }
+            let thread = Locked<pid_t>(0)
+            let failure = Locked<String?>(nil)
+            // The lookup sends through the right it gets; a failure stops the loop.
+            let looker = TestThread {
+                thread.value = pk_gettid()
+                do {
+                    try server.lookUp("full", timeout: patience(.seconds(30))).send(PKPortMessage(msgid: 5), timeout: .seconds(5))
+                } catch {
+                    failure.value = "\(error)"
+                    loop.stop()
+                }
+            }
+            // Once the lookup waits (in poll(2), system call 7), the owner accepts again.
+            try waitUntil("the lookup to wait") {
+                thread.value != 0 && (try? String(contentsOfFile: "/proc/self/task/\(thread.value)/syscall", encoding: .utf8))?.hasPrefix("7 ") == true
+            }
+            try runLoop(loop, timeout: .seconds(40), "the message sent through the right") { got == [5] || failure.value != nil }
+            try looker.join()
+            #expect(failure.value == nil)
+            #expect(got == [5])
+            port.invalidate()
+        }
+    }
+
     /// A name unregistered while its port is out of every mode leaves nothing in the port that
     /// breaks its return to the loop (its listener was invalidated then, not detached).
     @Test func unregisteringWhileThePortIsUnscheduledThenSchedulingAgain() throws {
@@ -119,6 +193,10 @@ final class TemporaryNameDirectory: Sendable {
         let link = base.path + "/link"
         try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: good)
         #expect { _ = try PKNameServer(directory: link).lookUp("x") } throws: { ($0 as? PKError)?.code == .unsafeDirectory }
+        // ... named with a trailing slash or dot, through which lstat follows the link.
+        for spelling in [link + "/", link + "//", link + "/.", link + "/./"] {
+            #expect { _ = try PKNameServer(directory: spelling).lookUp("x") } throws: { ($0 as? PKError)?.code == .unsafeDirectory }
+        }
         // Owned by someone else (needs root to make).
         if getuid() == 0 {
             let foreign = base.path + "/foreign"
