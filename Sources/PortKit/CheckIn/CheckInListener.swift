@@ -12,6 +12,8 @@ final class CheckInListener {
     private var action = CheckInStateMachine.Action.wait
     private var workerPort: PKSendPort?
     private var data: [UInt8] = []
+    /// Whether this listener still counts in the loop's check-in depth (until its wait ends).
+    private var holdsDepth = true
 
     /// A listener on the calling thread's loop. Loop-only.
     init() throws(PKError) {
@@ -20,22 +22,37 @@ final class CheckInListener {
         mode = PKRunLoopMode("PKCheckInMode-\(loop.checkInDepth)")
         loop.checkInDepth += 1
         port = PKReceivePort()
-        port.handler = { [unowned self] message in
-            guard action == .wait else { return }
+        port.handler = { [weak self] message in
+            guard let self, action == .wait else { return }
             action = machine.handle(.message(msgid: message.msgid, hasReplyPort: message.replyPort != nil))
             if action == .acceptWorker {
                 workerPort = message.replyPort
                 data = message.data
             }
         }
-        port.onNoSenders = { [unowned self] in
-            if action == .wait { action = machine.handle(.workerGone) }
+        port.onNoSenders = { [weak self] in
+            if let self, action == .wait { action = machine.handle(.workerGone) }
         }
         try loop.add(port, forMode: mode)
     }
 
     deinit {
         port.invalidate()
+        if loop.isOwnedByCurrentThread {
+            releaseDepth()
+        } else {
+            // Released on another thread (a `PKWorkerProcess` given away): the port's sources
+            // sit in the private mode, which may never run again, so its invalidation (and the
+            // close of the worker's connection) is finished on the loop's next pass.
+            let port = port
+            loop.perform { port.invalidate() }
+        }
+    }
+
+    /// Gives the private mode's depth back once the wait is over. Loop-only.
+    private func releaseDepth() {
+        guard holdsDepth else { return }
+        holdsDepth = false
         loop.checkInDepth -= 1
     }
 
@@ -69,6 +86,9 @@ final class CheckInListener {
                 break
             }
         }
+        // The nested wait is over: a later check-in on this loop may use the mode again (a
+        // port kept open stays in it, unaffected: its handler takes nothing after the check-in).
+        releaseDepth()
         if !keepOpen || action != .acceptWorker { port.invalidate() }
         guard action == .acceptWorker, let workerPort else {
             if case .fail(let code, let reason) = action { throw PKError(code, "worker \(name): \(reason)") }

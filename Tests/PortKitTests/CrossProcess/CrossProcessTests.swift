@@ -206,6 +206,34 @@ import Foundation
         }
     }
 
+    /// A `PKWorkerProcess` released on another thread than its launcher's: the check-in port
+    /// it kept open (the worker's connection to it) is invalidated on the launcher's loop at
+    /// its next pass, though the private mode it sits in does not run again. (It waited for a
+    /// later check-in to run that mode, or for the thread's end; and the release changed the
+    /// loop's check-in depth from the other thread.)
+    @Test func aWorkerProcessReleasedOnAnotherThreadClosesItsCheckInPort() throws {
+        try onLoopThread { loop in
+            let checkInMode = PKRunLoopMode("PKCheckInMode-0")
+            let worker = Locked<PKWorkerProcess?>(
+                try PKWorkerProcess(executable: PeerProcess.executablePath, arguments: ["worker"], name: "given-away", checkInTimeout: .seconds(20)))
+            #expect(worker.value?.stop(timeout: .seconds(10)) == 0)
+            #expect(!loop.isEmpty(checkInMode))
+            #expect(loop.checkInDepth == 0)
+            // The launcher's loop runs its default mode, where a message comes after the release.
+            let inbox = PKReceivePort()
+            try loop.add(inbox, forMode: .default)
+            let right = inbox.makeSendRight()
+            let releaser = TestThread {
+                worker.value = nil
+                try? right.send(PKPortMessage(msgid: 1), timeout: .seconds(5))
+            }
+            try releaser.join()
+            try runLoop(loop, "the check-in port's invalidation") { loop.isEmpty(checkInMode) }
+            #expect(loop.checkInDepth == 0)
+            inbox.invalidate()
+        }
+    }
+
     @Test func workerProcessThatDiesBeforeCheckingInFails() throws {
         try onLoopThread { _ in
             #expect {
