@@ -8,9 +8,10 @@ import PortKit
 ///
 /// PortKit accepts two kinds, written as libzmq writes them:
 ///
-/// - `tcp://HOST:PORT`: `HOST` an IPv4 address or a host name (`*` binds every interface);
-///   `PORT` a number, or `*` to bind an ephemeral port (read the result from the port's
-///   `endpoint`).
+/// - `tcp://HOST:PORT`: `HOST` an IPv4 address or a host name (`*` binds every interface),
+///   written as libzmq takes it (ASCII letters, digits and `. - _ : [ ] %`, starting with a
+///   letter, a digit, `[` or `:`); `PORT` a number, or `*` to bind an ephemeral port (read
+///   the result from the port's `endpoint`). A `*` host or port is for binding only.
 /// - `ipc://PATH`: a Unix socket at an absolute `PATH` (claimed with a lock file next to it,
 ///   `PATH.lock`, so a second binder of a live endpoint fails with `.nameInUse`), or
 ///   `ipc://@NAME` in Linux's abstract namespace (the kernel itself refuses a second binder).
@@ -109,6 +110,9 @@ enum ZMQEndpoint: Hashable, Sendable, CustomStringConvertible {
             let host = String(rest[..<colon])
             let port = String(rest[rest.index(after: colon)...])
             guard !host.isEmpty, !host.contains("/") else { throw PKError(.badName, "the endpoint \(text) has no host") }
+            guard host == "*" || Self.isHostLibzmqAccepts(host) else {
+                throw PKError(.badName, "the endpoint \(text) has a host libzmq refuses: a letter, digit, [ or : first, then letters, digits and . - _ : [ ] %")
+            }
             let portOK = port == "*" || (!port.isEmpty && port.count <= 5 && port.allSatisfy(\.isASCII) && port.allSatisfy(\.isNumber) && Int(port)! <= 65535)
             guard portOK else { throw PKError(.badName, "the endpoint \(text) has a bad port \"\(port)\": a number up to 65535, or *") }
             self = .tcp(host: host, port: port)
@@ -124,6 +128,30 @@ enum ZMQEndpoint: Hashable, Sendable, CustomStringConvertible {
         } else {
             throw PKError(.badName, "the endpoint \"\(text)\" is neither tcp:// nor ipc://")
         }
+    }
+
+    /// Whether libzmq's `zmq_connect` takes `host` (it checks the syntax, and fails with
+    /// EINVAL, before it resolves anything): an ASCII letter, digit, `[` or `:` first, then
+    /// letters, digits and `. - _ : [ ] %`. Refused here first, because a connect that fails
+    /// after a socket monitor started is a hazard (`ZMQConnection.init`); the source-address
+    /// form (`;`) and `*` inside a host are not PortKit's either.
+    static func isHostLibzmqAccepts(_ host: String) -> Bool {
+        func isAlphanumeric(_ byte: UInt8) -> Bool {
+            (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A)
+        }
+        guard let first = host.utf8.first,
+              isAlphanumeric(first) || first == UInt8(ascii: "[") || first == UInt8(ascii: ":") else { return false }
+        return host.utf8.allSatisfy { byte in
+            isAlphanumeric(byte) || ".-_:[]%".utf8.contains(byte)
+        }
+    }
+
+    /// Whether libzmq's `zmq_connect` takes this endpoint: not a `*` host or port (which only
+    /// binding resolves). Unlike `isConnectable`, the any-address and port 0 pass: libzmq
+    /// takes them (and connects in the background, or keeps trying).
+    var isLibzmqConnectable: Bool {
+        guard case .tcp(let host, let port) = self else { return true }
+        return host != "*" && port != "*"
     }
 
     var description: String {

@@ -13,16 +13,17 @@ final class ZMQNameServerThread: @unchecked Sendable {
     private let server: PKZMQNameServer
     private let finished = Locked(false)
 
-    init(registrationTimeout: Duration = .seconds(5)) throws {
+    /// A server scheduled in `mode` only, on a loop that runs only `mode`.
+    init(registrationTimeout: Duration = .seconds(5), mode: PKRunLoopMode = .default) throws {
         let ready = Locked<Result<PKZMQNameServer, any Error>?>(nil)
         let finished = self.finished
         Thread.detachNewThread {
             let loop = PKRunLoop.current
             do {
                 let server = try PKZMQNameServer(bindingTo: "tcp://127.0.0.1:*", registrationTimeout: registrationTimeout)
-                try loop.add(server, forMode: .default)
+                try loop.add(server, forMode: mode)
                 ready.value = .success(server)
-                while server.isValid { loop.run(in: .default, until: .after(.milliseconds(200))) }
+                while server.isValid { loop.run(in: mode, until: .after(.milliseconds(200))) }
             } catch {
                 ready.value = .failure(error)
             }
@@ -145,6 +146,104 @@ final class ZMQNameServerThread: @unchecked Sendable {
             port.invalidate()
             try waitUntil("the invalidated port's name to go") { (try? service.lookUp("again")) == nil }
         }
+    }
+
+    /// Found by review: the server sent each reply waiting up to 5 s for a connection to the
+    /// reply port, on its loop's thread, so a few requests whose reply port nobody listens at
+    /// stalled every other client. A reply now never holds the loop: it waits for its
+    /// connection off the loop, and is dropped if none comes (protocol.md 10.10).
+    @Test func requestsWithUnreachableReplyPortsDoNotStallTheServer() throws {
+        let server = try ZMQNameServerThread()
+        defer { server.stop() }
+        let service = try PKZMQNameService(endpoint: server.endpoint)
+        try onLoopThread { loop in
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")
+            try loop.add(port, forMode: .default)
+            defer { port.invalidate() }
+            try service.register(port, name: "reachable")
+            // Enough lookups that blocking 5 s on each would outlast the lookups below.
+            let serverRight = try PKZMQSendPort(connectingTo: server.endpoint)
+            let count = max(3, Int(patience(.seconds(2)) / .seconds(5)) + 2)
+            for index in 0..<count {
+                let nobody = try PKZMQSendPort(connectingTo: "ipc://@portkit-zmq-test-nobody-\(getpid())-\(UInt32.random(in: 0 ... .max))-\(index)")
+                try serverRight.send(PKZMQMessage(msgid: 2, components: [.data(Array("reachable".utf8))], replyPort: nobody), timeout: .seconds(5))
+            }
+            let found = try service.lookUp("reachable", timeout: patience(.seconds(2)))
+            #expect(found == port.makeSendRight())
+            expectPKError(.nameNotFound) { _ = try service.lookUp("unknown", timeout: patience(.seconds(2))) }
+        }
+    }
+
+    /// Found by review: the server confirmed a registration (and timed it out, and watched the
+    /// registered port) in the common modes only, so a server scheduled in a mode of its own,
+    /// on a loop that runs only that mode, never answered a REGISTER.
+    @Test func aServerInAModeOfItsOwnConfirmsRegistrations() throws {
+        let server = try ZMQNameServerThread(registrationTimeout: .seconds(5), mode: PKRunLoopMode("PKZMQNameServerTestMode"))
+        defer { server.stop() }
+        let service = try PKZMQNameService(endpoint: server.endpoint)
+        try onLoopThread { loop in
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")
+            try loop.add(port, forMode: .default)
+            try service.register(port, name: "own.mode", timeout: patience(.seconds(10)))
+            #expect(try service.lookUp("own.mode") == port.makeSendRight())
+            // The watch on the registered port works in that mode too: its name goes with it.
+            port.invalidate()
+            try waitUntil("the invalidated port's name to go", timeout: patience(.seconds(10))) {
+                (try? service.lookUp("own.mode")) == nil
+            }
+        }
+    }
+
+    /// Found by review: the server's port kept only itself alive on its loop, and called the
+    /// server through an unowned reference, so a server that was scheduled and then dropped
+    /// trapped on the first request. A scheduled server is kept by its loop, as a port is
+    /// (`-[NSRunLoop addPort:forMode:]`), until it is invalidated; then it is released.
+    @Test func aScheduledServerThatWasDroppedKeepsServing() async {
+        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+            IsolatedRun.report {
+                final class Handle: @unchecked Sendable {
+                    weak var server: PKZMQNameServer?
+                    var endpoint: String?
+                    var error: (any Error)?
+                }
+                let handle = Locked(Handle())
+                let (stop, finished) = (Locked(false), Locked(false))
+                Thread.detachNewThread {
+                    let loop = PKRunLoop.current
+                    do {
+                        // Made, scheduled and dropped in this scope.
+                        try {
+                            let server = try PKZMQNameServer(bindingTo: "tcp://127.0.0.1:*")
+                            try loop.add(server, forMode: .default)
+                            handle.withLock { $0.server = server; $0.endpoint = server.endpoint }
+                        }()
+                    } catch {
+                        handle.withLock { $0.error = error }
+                    }
+                    while !stop.value { loop.run(in: .default, until: .after(.milliseconds(50))) }
+                    finished.value = true
+                }
+                try waitUntil("the name server", timeout: patience(.seconds(10))) { handle.withLock { $0.endpoint != nil || $0.error != nil } }
+                if let error = handle.withLock({ $0.error }) { throw error }
+                let service = try PKZMQNameService(endpoint: handle.withLock { $0.endpoint! })
+                try onLoopThread { loop in
+                    let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")
+                    try loop.add(port, forMode: .default)
+                    defer { port.invalidate() }
+                    try service.register(port, name: "dropped.server", timeout: patience(.seconds(10)))
+                    let found = try service.lookUp("dropped.server", timeout: patience(.seconds(5)))
+                    try IsolatedRun.require(found == port.makeSendRight(), "looked up \(found)")
+                }
+                // Invalidated, it is released (the loop no longer keeps it).
+                handle.withLock { $0.server?.invalidate() }
+                try waitUntil("the invalidated server to be released", timeout: patience(.seconds(10))) {
+                    handle.withLock { $0.server == nil }
+                }
+                stop.value = true
+                try waitUntil("the server's thread to end", timeout: patience(.seconds(10))) { finished.value }
+            }
+        }
+        IsolatedRun.check(result)
     }
 }
 #endif

@@ -133,6 +133,9 @@ import PortKit
             ("port at the any-address", port("tcp://0.0.0.0:5555")),
             ("port at a wildcard port", port("tcp://127.0.0.1:*")),
             ("port at port 0", port("tcp://127.0.0.1:0")),
+            ("port at a host starting with a dash", port("tcp://-x:1")),
+            ("port at a host with a space", port("tcp://a b:1")),
+            ("reply port at a host libzmq refuses", [Array(handMadeMessage(msgid: 1, data: [], reply: ("tcp://-x:1", 1)))]),
             ("port endpoint not UTF-8", [oneComponent + [2] + portID + u16(2) + [0xFF, 0xFE]]),
             ("reply port missing", [withReply]),
             ("reply port that is data", [withReply + [1, 1, 0, 0, 0, 5]]),
@@ -277,6 +280,10 @@ import PortKit
     @Test func endpointsAreChecked() {
         for good in ["tcp://127.0.0.1:5555", "tcp://*:*", "tcp://host.example:1", "ipc:///tmp/x", "ipc://@abstract"] {
             #expect(PKZMQEndpoint.isValid(good), "\(good)")
+        }
+        // Hosts libzmq refuses (zmq_connect fails with EINVAL) are refused first.
+        for bad in ["tcp://-x:1", "tcp://a b:1", "tcp://_x:1", "tcp://.x:1", "tcp://a*b:1", "tcp://a\tb:1", "tcp://é:1"] {
+            #expect(!PKZMQEndpoint.isValid(bad), "\(bad)")
         }
         for bad in ["tcp://127.0.0.1", "tcp://:5", "tcp://h:99999", "tcp://h:x", "ipc://relative", "ipc://@", "inproc://x",
                     "ipc:///" + String(repeating: "a", count: 120), ""] {

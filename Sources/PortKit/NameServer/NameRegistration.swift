@@ -61,10 +61,13 @@ final class NameRegistration {
 
     deinit { end() }
 
-    /// Accepts every waiting connection and hands it to the port.
+    /// Accepts every waiting connection and hands it to the port. A connection's first message
+    /// is delivered as it is accepted: a handler that ends the registration (invalidating the
+    /// port, unregistering the name) closes the listening socket, whose number a new socket
+    /// may take at once, so each accept looks first.
     private func acceptWaiting() {
         guard let port else { return }
-        for _ in 0..<64 {
+        for _ in 0..<64 where isActive {
             do throws(PKError) {
                 switch try Socket.accept(listenFD) {
                 case .done(let fd): port.adoptAccepted(fd)

@@ -388,7 +388,10 @@ public final class PKRunLoop: @unchecked Sendable {
 
     /// Runs `block` on the loop's thread on a pass in one of `modes`, and wakes the loop so it
     /// does so promptly even if it was asleep (`CFRunLoopPerformBlock` + `CFRunLoopWakeUp`, the
-    /// guide's `performSelector:onThread:`). Blocks run in the order they were given. Safe from
+    /// guide's `performSelector:onThread:`). Blocks run in the order they were given. A pass
+    /// that runs a block has handled a source, as one that performs a selector has in Apple's
+    /// loop: a run asked to return after a handled source (`runOnce`) returns after it, so a
+    /// worker's `while !shouldExit { loop.runOnce(...) }` sees a flag a block set. Safe from
     /// any thread.
     public func perform(inModes modes: [PKRunLoopMode] = [.common], _ block: @escaping @Sendable () -> Void) {
         performQueue.withLock { $0.append((modes, block)) }
@@ -478,10 +481,17 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Runs the loop once in `mode`, returning after the first source handled or at `deadline`
     /// (`-[NSRunLoop runMode:beforeDate:]`). Loop-only.
     ///
-    /// - Returns: `false` if the mode has no sources or timers (the run did not start).
+    /// - Returns: `false` if the mode has no sources or timers (the run did not start); `true`
+    ///   for a run that started, even if its mode emptied in it (a one-shot timer that fired).
     @discardableResult
     public func runOnce(in mode: PKRunLoopMode = .default, before deadline: PKDeadline) -> Bool {
-        run(in: mode, until: deadline, returnAfterSourceHandled: true) != .finished
+        assertOwner("runOnce(in:before:)")
+        let starts = record(mode).map { record in
+            purgeInvalid(record)
+            return !record.isEmpty
+        } ?? false
+        run(in: mode, until: deadline, returnAfterSourceHandled: true)
+        return starts
     }
 
     /// Runs the default mode until it has no sources and no timers, or a stop
@@ -544,9 +554,11 @@ public final class PKRunLoop: @unchecked Sendable {
             if !parkedSources.isEmpty { registerParkedSources(for: mode) }
             notifyObservers(.beforeTimers, record)
             notifyObservers(.beforeSources, record)
-            runPerformBlocks(mode)
-            var handledSource = performCustomSources(record)
-            runPerformBlocks(mode)
+            // A block performed counts as a handled source, as `performSelector:onThread:`'s
+            // source does in Apple's loop (Listing 3-14's worker loop ends on one).
+            var handledSource = runPerformBlocks(mode)
+            if performCustomSources(record) { handledSource = true }
+            if runPerformBlocks(mode) { handledSource = true }
             if handledSource && returnAfter { return .handledSource }
 
             let pollOnly = handledSource || hasPendingWork(mode)
@@ -621,7 +633,7 @@ public final class PKRunLoop: @unchecked Sendable {
                     handledSource = true
                 }
             }
-            runPerformBlocks(mode)
+            if runPerformBlocks(mode) { handledSource = true }
 
             if handledSource && returnAfter { return .handledSource }
             if takeStopRequest() { return .stopped }
@@ -793,12 +805,13 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Runs the perform blocks queued for `mode`. Inlined: a pass asks up to three times, and
     /// almost always one load answers.
     @inline(__always)
-    private func runPerformBlocks(_ mode: PKRunLoopMode) {
-        if performCount.load(ordering: .acquiring) > 0 { runQueuedPerformBlocks(mode) }
+    /// Runs the blocks queued for `mode`; whether it ran any.
+    private func runPerformBlocks(_ mode: PKRunLoopMode) -> Bool {
+        performCount.load(ordering: .acquiring) > 0 && runQueuedPerformBlocks(mode)
     }
 
     @inline(never)
-    private func runQueuedPerformBlocks(_ mode: PKRunLoopMode) {
+    private func runQueuedPerformBlocks(_ mode: PKRunLoopMode) -> Bool {
         let runnable: [@Sendable () -> Void] = performQueue.withLock { queue in
             var taken: [@Sendable () -> Void] = []
             queue.removeAll { item in
@@ -808,9 +821,10 @@ public final class PKRunLoop: @unchecked Sendable {
             }
             return taken
         }
-        guard !runnable.isEmpty else { return }
+        guard !runnable.isEmpty else { return false }
         performCount.subtract(runnable.count, ordering: .releasing)
         for block in runnable { block() }
+        return true
     }
 
     private func modesMatch(_ modes: [PKRunLoopMode], _ mode: PKRunLoopMode) -> Bool {

@@ -18,6 +18,14 @@ import PortKit
 /// 1 to 64 characters from `A-Z a-z 0-9 . _ -`, not starting with a dot. Its requests and
 /// replies are in protocol.md, section 10.10.
 ///
+/// Everything it does runs in the modes it was added to: requests, the confirmation of a
+/// registration, its timeout, and the watch on each registered port. Like a port added to a
+/// run loop (`-[NSRunLoop addPort:forMode:]`), a scheduled server is kept alive by its loop
+/// until it is invalidated (or its loop's thread ends); dropping your reference does not stop
+/// it. Its loop never waits for a client: a reply whose connection to the client is not made
+/// yet waits for it off the loop, up to `replyPatience`, and is then dropped (the client's
+/// request times out).
+///
 /// - Warning: Loop-only once scheduled, but for `endpoint`, `invalidate()` and `isValid`.
 public final class PKZMQNameServer: @unchecked Sendable {
     /// Where the server is bound.
@@ -26,10 +34,37 @@ public final class PKZMQNameServer: @unchecked Sendable {
     public var isValid: Bool { port.isValid }
     /// How long a registration may take to reach the registered port.
     public let registrationTimeout: Duration
+    /// How long a reply may wait for its connection to the client before it is dropped.
+    public static let replyPatience = Duration.seconds(5)
+    /// The most replies that wait for their connections at once; beyond it the oldest goes.
+    static let maxWaitingReplies = 256
 
     private let port: PKZMQReceivePort
-    private var names: [String: Registration] = [:]
     private let logger = Logger(label: "PortKitZeroMQ.PKZMQNameServer")
+
+    // Loop-only state.
+    private var names: [String: Registration] = [:]
+    /// The modes the server was added to, where all its work runs.
+    private var modes: [PKRunLoopMode] = []
+    /// Replies waiting for their connections (`reply(_:to:)`), oldest first.
+    private var waitingReplies: [WaitingReply] = []
+    /// Drops the waiting replies whose patience ran out.
+    private var replyExpiry: PKTimer?
+
+    /// The server for a block that crosses to another thread and back to its loop, where it
+    /// is read: it must not keep the server alive, nor release it on another thread.
+    private final class WeakServer: @unchecked Sendable {
+        weak var value: PKZMQNameServer?
+        init(_ value: PKZMQNameServer) { self.value = value }
+    }
+
+    /// A reply whose connection to the client was not made yet.
+    private struct WaitingReply {
+        let message: PKZMQMessage
+        let port: PKZMQSendPort
+        let connection: ZMQConnection
+        let deadline: PKDeadline
+    }
 
     /// One name; touched only on the server's loop thread (it crosses threads only inside
     /// blocks performed there).
@@ -48,11 +83,15 @@ public final class PKZMQNameServer: @unchecked Sendable {
     public init(bindingTo endpoint: String, registrationTimeout: Duration = .seconds(5)) throws(PKError) {
         self.registrationTimeout = registrationTimeout
         port = try PKZMQReceivePort(bindingTo: endpoint)
-        port.handler = { [unowned self] message in self.handle(message) }
         port.onInvalidation = { [weak self] in
             guard let self else { return }
+            // The port lets go of the server (see `schedule`): the loop no longer keeps it.
+            port.handler = { _ in }
             for registration in names.values { end(registration) }
             names = [:]
+            waitingReplies = []
+            replyExpiry?.invalidate()
+            replyExpiry = nil
         }
     }
 
@@ -66,6 +105,17 @@ public final class PKZMQNameServer: @unchecked Sendable {
 
     func schedule(on loop: PKRunLoop, forMode mode: PKRunLoopMode) throws(PKError) {
         try loop.add(port, forMode: mode)
+        if !modes.contains(mode) { modes.append(mode) }
+        // The loop keeps the scheduled port, and the port's handler keeps the server, until the
+        // port's invalidation lets go of it.
+        port.handler = { [self] message in handle(message) }
+    }
+
+    /// Adds a one-shot timer to every mode of the server.
+    private func scheduleTimer(on loop: PKRunLoop, at fireDate: PKDeadline, _ handler: @escaping (PKTimer) -> Void) -> PKTimer {
+        let timer = PKTimer(fireDate: fireDate, handler: handler)
+        for mode in modes { loop.add(timer, forMode: mode) }
+        return timer
     }
 
     // MARK: - Requests
@@ -111,22 +161,24 @@ public final class PKZMQNameServer: @unchecked Sendable {
         registration.replyPort = message.replyPort
         names[name] = registration
         do throws(PKError) {
-            registration.watch = try port.watchInvalidation(on: loop, forMode: .common) { [unowned self] in
-                self.dropped(name, registration, why: "its connection died")
+            registration.watch = try port.watchInvalidation(on: loop, forModes: modes) { [weak self] in
+                self?.dropped(name, registration, why: "its connection died")
             }
         } catch {
             names[name] = nil
             return answer(message, .unreachable)
         }
         let msgid = message.msgid
-        registration.timer = loop.scheduleTimer(after: registrationTimeout, forMode: .common) { [unowned self] _ in
-            guard !registration.confirmed else { return }
-            self.dropped(name, registration, why: "it could not be reached within \(self.registrationTimeout)")
-            try? registration.replyPort?.send(ZMQNameProtocol.reply(to: msgid, .unreachable), timeout: .seconds(1))
+        registration.timer = scheduleTimer(on: loop, at: .after(registrationTimeout)) { [weak self] _ in
+            guard let self, !registration.confirmed else { return }
+            dropped(name, registration, why: "it could not be reached within \(registrationTimeout)")
+            reply(ZMQNameProtocol.reply(to: msgid, .unreachable), to: registration.replyPort)
         }
+        let modes = self.modes
+        let server = WeakServer(self)
         port.right.liveConnection?.onEstablished { established in
             guard established else { return }
-            loop.perform(inModes: [.common]) { [self] in self.confirm(name, registration, msgid) }
+            loop.perform(inModes: modes) { server.value?.confirm(name, registration, msgid) }
         }
     }
 
@@ -135,7 +187,7 @@ public final class PKZMQNameServer: @unchecked Sendable {
         registration.confirmed = true
         registration.timer?.invalidate()
         logger.debug("registered \"\(name)\" at \(registration.port.endpoint)")
-        try? registration.replyPort?.send(ZMQNameProtocol.reply(to: msgid, .ok), timeout: .seconds(5))
+        reply(ZMQNameProtocol.reply(to: msgid, .ok), to: registration.replyPort)
         registration.replyPort = nil
     }
 
@@ -154,7 +206,74 @@ public final class PKZMQNameServer: @unchecked Sendable {
     }
 
     private func answer(_ message: PKZMQMessage, _ status: ZMQNameProtocol.Status, port: PKZMQSendPort? = nil) {
-        try? message.replyPort?.send(ZMQNameProtocol.reply(to: message.msgid, status, port: port), timeout: .seconds(5))
+        reply(ZMQNameProtocol.reply(to: message.msgid, status, port: port), to: message.replyPort)
+    }
+
+    // MARK: - Replies
+
+    /// Sends `message` to `replyPort` without waiting: at once if its connection is made and
+    /// has room; if not, the reply waits for the connection off the loop (up to
+    /// `replyPatience`), and is tried once more when it is made (`sendWaitingReplies`); a reply
+    /// that cannot go then is dropped, and the client's request times out. The loop never
+    /// waits for a client (protocol.md 10.10).
+    private func reply(_ message: PKZMQMessage, to replyPort: PKZMQSendPort?) {
+        guard let replyPort else { return }
+        do throws(PKError) {
+            try replyPort.send(message, before: .now)
+            return
+        } catch where error.code == .sendTimedOut {
+            // The connection is not made yet, or the client's queue is full.
+        } catch {
+            return logger.debug("dropped a reply to \(replyPort.endpoint): \(error)")
+        }
+        // It waits even if the connection is made by now (it may have been made since the send
+        // was tried): `onEstablished` then runs at once, and the reply is tried once more.
+        guard let connection = replyPort.right.liveConnection, let loop = port.runLoop else {
+            return logger.debug("dropped a reply to \(replyPort.endpoint): its connection died")
+        }
+        if waitingReplies.count >= Self.maxWaitingReplies {
+            logger.debug("dropped a reply to \(waitingReplies[0].port.endpoint): too many replies wait for their connections")
+            waitingReplies.removeFirst()
+        }
+        let alreadyWatched = waitingReplies.contains { $0.connection === connection }
+        waitingReplies.append(WaitingReply(message: message, port: replyPort, connection: connection, deadline: .after(Self.replyPatience)))
+        if !alreadyWatched {
+            // On the background loop's thread (or at once, if it was made meanwhile).
+            let (modes, server) = (self.modes, WeakServer(self))
+            connection.onEstablished { _ in
+                loop.perform(inModes: modes) { server.value?.sendWaitingReplies() }
+            }
+        }
+        if replyExpiry == nil {
+            replyExpiry = scheduleTimer(on: loop, at: waitingReplies[0].deadline) { [weak self] _ in
+                self?.replyExpiry = nil
+                self?.sendWaitingReplies()
+            }
+        }
+    }
+
+    /// Sends the waiting replies whose connection was made (or drops them if it died), drops
+    /// those whose patience ran out, and keeps the others, with a timer for the oldest.
+    private func sendWaitingReplies() {
+        var kept: [WaitingReply] = []
+        for waiting in waitingReplies {
+            let connection = waiting.connection
+            if connection.isEstablished || connection.deadReason != nil {
+                do throws(PKError) { try waiting.port.send(waiting.message, before: .now) } catch {
+                    logger.debug("dropped a reply to \(waiting.port.endpoint): \(error)")
+                }
+            } else if waiting.deadline.hasPassed {
+                logger.debug("dropped a reply to \(waiting.port.endpoint): no connection within \(Self.replyPatience)")
+            } else {
+                kept.append(waiting)
+            }
+        }
+        waitingReplies = kept
+        guard replyExpiry == nil, let first = kept.first, let loop = port.runLoop else { return }
+        replyExpiry = scheduleTimer(on: loop, at: first.deadline) { [weak self] _ in
+            self?.replyExpiry = nil
+            self?.sendWaitingReplies()
+        }
     }
 }
 

@@ -46,6 +46,13 @@ extension PKZMQSendPort {
     public func watchInvalidation(
         on loop: PKRunLoop = .current, forMode mode: PKRunLoopMode = .common, _ handler: @escaping () -> Void
     ) throws(PKError) -> PKZMQInvalidationWatch {
+        try watchInvalidation(on: loop, forModes: [mode], handler)
+    }
+
+    /// `watchInvalidation(on:forMode:_:)` in several modes at once (the modes of a name server).
+    func watchInvalidation(
+        on loop: PKRunLoop, forModes modes: [PKRunLoopMode], _ handler: @escaping () -> Void
+    ) throws(PKError) -> PKZMQInvalidationWatch {
         precondition(loop.isOwnedByCurrentThread, "PKZMQSendPort.watchInvalidation is loop-only: call it on the thread of the loop it watches on")
         let connection = try right.connectionEvenIfDead()
         var fired = false
@@ -58,7 +65,7 @@ extension PKZMQSendPort {
             handler()
         }
         sourceRef = source
-        loop.add(source, forMode: mode)
+        for mode in modes { loop.add(source, forMode: mode) }
         let watch = PKZMQInvalidationWatch(source: source)
         let token = connection.onDeath { _ in source.signal(waking: loop) }
         watch.attach(connection, token)

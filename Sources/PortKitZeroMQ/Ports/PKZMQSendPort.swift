@@ -35,11 +35,12 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
     /// - Parameters:
     ///   - endpoint: `tcp://HOST:PORT` or `ipc://PATH` (see `PKZMQEndpoint`).
     ///   - portID: the port's id there; 0 for the receive port bound at `endpoint`.
-    /// - Throws: `.badName` for an endpoint PortKit does not accept; `.system` if libzmq fails.
+    /// - Throws: `.badName` for an endpoint PortKit does not accept or cannot connect to (a
+    ///   `*` host or port is for binding only); `.system` if libzmq fails.
     public init(connectingTo endpoint: String, portID: UInt64 = 0) throws(PKError) {
         let parsed = try ZMQEndpoint(parsing: endpoint)
         right = ZMQSendRight(address: ZMQPortAddress(endpoint: endpoint, portID: portID), endpoint: parsed)
-        _ = try right.connection()
+        _ = try right.connect(refusedAs: .badName)
     }
 
     /// A right to an address that came off the wire (already checked); connects on first use.
@@ -221,13 +222,33 @@ final class ZMQSendRight: Sendable {
         return try result.get()
     }
 
-    /// `withConnection`'s way when the right is new or invalid: under the lock.
+    /// Makes the connection now, for `PKZMQSendPort.init(connectingTo:)`.
+    ///
+    /// - Throws: `refusedAs` if libzmq refuses the endpoint; else as `connection()`.
+    func connect(refusedAs code: PKError.Code) throws(PKError) -> ZMQConnection {
+        let connection = try lockedConnection(refusedAs: code).takeUnretainedValue()
+        if let reason = connection.deadReason {
+            throw PKError(.invalidPort, "cannot use the send right to \(endpoint): \(reason)")
+        }
+        return connection
+    }
+
+    /// `withConnection`'s way when the right is new or invalid: under the lock. An endpoint
+    /// libzmq refuses to connect to (one that passed PortKit's checks, which should not be)
+    /// makes the right invalid for good, and throws `refusedAs`: `.invalidPort` for a send,
+    /// as for any right that cannot reach its port.
     @inline(never)
-    private func lockedConnection() throws(PKError) -> Unmanaged<ZMQConnection> {
+    private func lockedConnection(refusedAs refusal: PKError.Code = .invalidPort) throws(PKError) -> Unmanaged<ZMQConnection> {
         try state.withLock { state throws(PKError) -> Unmanaged<ZMQConnection> in
             if let reason = state.invalidReason { throw PKError(.invalidPort, "cannot use the send right to \(endpoint): \(reason)") }
             if let connection = state.connection { return .passUnretained(connection) }
-            let connection = try ZMQConnectionCache.shared.connection(to: endpoint)
+            let connection: ZMQConnection
+            do throws(PKError) { connection = try ZMQConnectionCache.shared.connection(to: endpoint) } catch {
+                guard error.code == .badName else { throw error }
+                state.invalidReason = "libzmq refuses to connect to it (\(error.message))"
+                invalidated.store(true, ordering: .releasing)
+                throw PKError(refusal, "cannot use the send right to \(endpoint): \(state.invalidReason!)")
+            }
             state.connection = connection
             madeConnection.store(.passUnretained(connection), ordering: .releasing)
             return .passUnretained(connection)

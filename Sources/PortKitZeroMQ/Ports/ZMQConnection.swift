@@ -79,13 +79,25 @@ final class ZMQConnection: @unchecked Sendable {
     }
 
     /// Connects to `endpoint` in the background (libzmq's `zmq_connect` returns at once).
+    ///
+    /// - Throws: `.badName` for an endpoint libzmq refuses to connect to (a `*` host or port, or
+    ///   one it finds malformed), `.system`.
     init(endpoint: ZMQEndpoint, limits: PKPortLimits = .default) throws(PKError) {
+        guard endpoint.isLibzmqConnectable else {
+            throw PKError(.badName, "cannot connect to \(endpoint): a * host or port is for binding only")
+        }
         self.endpoint = endpoint
+        interrupt = try InterruptSignal()
         let push = try ZMQSocket.sending(limits: limits)
         try push.setHeartbeats(toward: endpoint)
         let monitor = try ZMQMonitor(monitoring: push)
-        try push.connect(endpoint.description)
-        interrupt = try InterruptSignal()
+        // From here the monitor runs: a failure stops it before its reader goes (see
+        // `ZMQMonitor.init`), or closing `push` would hang libzmq's reaper thread.
+        do throws(PKError) { try push.connect(endpoint.description) } catch {
+            monitor.cancel(monitoring: push)
+            push.close()
+            throw error
+        }
         sending = ZMQMutex(Sending(socket: push))
         // The flusher's thread is made now, if it is not yet, not later under the lock.
         _ = PKRunLoop.hasFlusher

@@ -21,13 +21,30 @@ final class ZMQMonitor: @unchecked Sendable {
     private var source: PKDescriptorSource?
     private var handler: (@Sendable (Int32) -> Void)?
 
-    /// Starts monitoring `monitored`: binds its monitor endpoint and connects a PAIR to it.
-    /// Call before `monitored` connects, so that no event is missed.
+    /// Starts monitoring `monitored`: connects a PAIR to its monitor endpoint, then binds that
+    /// endpoint (libzmq lets an `inproc://` connect come first). Call before `monitored`
+    /// connects, so that no event is missed.
+    ///
+    /// Once this returns, monitoring runs, and the reader must outlive it: if the owner gives
+    /// up before `start`, it calls `cancel(monitoring:)` first. libzmq sends the last event
+    /// (`monitorStopped`) with a blocking send when the monitored socket is destroyed, on its
+    /// reaper thread; a reader that is gone by then blocks that thread for good, and no socket
+    /// of the process is closed again (libzmq issue #3575). Hence the reader is made and
+    /// connected first: nothing can fail after monitoring has started.
     init(monitoring monitored: ZMQSocket) throws(PKError) {
         let address = "inproc://portkit-zmq-monitor-\(monitorCounter.add(1, ordering: .relaxed).newValue)"
-        try monitored.monitor(address, events: Self.watchedEvents)
         socket = try ZMQSocket(.pair)
         try socket.connect(address)
+        try monitored.monitor(address, events: Self.watchedEvents)
+    }
+
+    /// Stops monitoring `monitored` (the socket given to `init`) and closes the reader, for an
+    /// owner that gives up before `start`. libzmq sends `monitorStopped` at once, to the reader
+    /// still connected (it has room: nothing was read yet, and a new socket's monitor has sent
+    /// little), so nothing is left to send later.
+    func cancel(monitoring monitored: ZMQSocket) {
+        try? monitored.monitor(nil, events: 0)
+        socket.close()
     }
 
     /// Hands the reader to the background loop; `handler` gets each event there, in order.

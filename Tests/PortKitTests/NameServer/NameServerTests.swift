@@ -89,6 +89,36 @@ final class TemporaryNameDirectory: Sendable {
         }
     }
 
+    /// A handler that invalidates its port while the name's listener accepts (the first
+    /// message of a connection is delivered as it is accepted), then registers another name
+    /// and sends to it: the new name's client reaches its port. (The listener went on
+    /// accepting on its closed descriptor, which the new name's listening socket had taken:
+    /// it took that client and closed it.)
+    @Test func aListenerWhosePortWasInvalidatedStopsAccepting() throws {
+        let dir = TemporaryNameDirectory()
+        let server = dir.server
+        try onLoopThread { loop in
+            var second: [UInt32] = []
+            var failure: String?
+            let next = PKReceivePort { second.append($0.msgid) }
+            try loop.add(next, forMode: .default)
+            var first: PKReceivePort!
+            first = PKReceivePort { _ in
+                first.invalidate()
+                do {
+                    try server.register(next, name: "second")
+                    try server.lookUp("second").send(PKPortMessage(msgid: 2), timeout: .seconds(5))
+                } catch { failure = "\(error)" }
+            }
+            try loop.add(first, forMode: .default)
+            try server.register(first, name: "first")
+            try server.lookUp("first").send(PKPortMessage(msgid: 1), timeout: .seconds(5))
+            try runLoop(loop, "the message to the second name") { second == [2] || failure != nil }
+            #expect(failure == nil)
+            next.invalidate()
+        }
+    }
+
     /// A waiting lookup of a live owner whose backlog is full gets its right once the owner
     /// accepts again. (No file event comes for that: the lookup waited for its deadline.)
     @Test func aWaitingLookUpOutlastsAFullBacklog() throws {

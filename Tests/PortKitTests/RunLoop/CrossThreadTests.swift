@@ -169,6 +169,29 @@ extension RunLoopTests {
             #expect(log == ["block0 owner=true", "block1 owner=true", "block2 owner=true"])
         }
 
+        /// Listing 3-14's worker loop, `while !shouldExit { runMode:beforeDate: }`, with the flag
+        /// set by a block performed from another thread (`performSelector:onThread:`): the run
+        /// returns after the block as after a handled source, and the loop sees the flag. (The
+        /// run slept on to its deadline: the worker never left.)
+        @Test func aPerformFromAnotherThreadEndsARunThatReturnsAfterASource() throws {
+            let (result, shouldExit) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "xt-perform-exit"
+                let asleep = Locked(false)
+                let shouldExit = Locked(false)
+                flagWhenAsleep(loop, mode, asleep)
+                keepAlive(loop, mode)
+                let other = TestThread {
+                    try? waitUntil("loop asleep") { asleep.value }
+                    loop.perform(inModes: [mode]) { shouldExit.value = true }
+                }
+                let result = loop.run(in: mode, until: .after(patience(.seconds(60))), returnAfterSourceHandled: true)
+                try other.join()
+                return (result, shouldExit.value)
+            }
+            #expect(result == .handledSource)
+            #expect(shouldExit)
+        }
+
         @Test func aPerformForAnotherModeWaitsForARunInThatMode() throws {
             let (duringOther, afterOwn) = try onLoopThread { loop in
                 let ran = Locked(false)

@@ -21,6 +21,20 @@ extension RunLoopTests {
             #expect(log.isEmpty)
         }
 
+        /// `runOnce` (`-[NSRunLoop runMode:beforeDate:]`) says whether the run started: a run
+        /// whose only item, a one-shot timer, fires and empties the mode did start (Foundation
+        /// answers YES). (It answered false, taking the run's `.finished` for "did not start".)
+        @Test func runOnceIsTrueForARunWhoseOnlyTimerFired() throws {
+            let (started, fired) = try onLoopThread { loop in
+                var fired = false
+                loop.scheduleTimer(after: .milliseconds(5), forMode: "run-once-timer") { _ in fired = true }
+                let started = loop.runOnce(in: "run-once-timer", before: .after(patience(.seconds(30))))
+                return (started, fired)
+            }
+            #expect(fired)
+            #expect(started)
+        }
+
         @Test func aRunReturnsFinishedWhenItsModeRunsOutOfItems() throws {
             let (afterTimer, afterRemoval, afterInvalidation, plainRunReturned) = try onLoopThread { loop in
                 // The only item is a one-shot timer: once it fired, the mode is empty.

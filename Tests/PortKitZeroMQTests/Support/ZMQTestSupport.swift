@@ -83,6 +83,16 @@ func describeDescriptors() -> String {
     }.joined(separator: " ")
 }
 
+/// Whether the tests run under a sanitizer (its runtime is linked in), which slows everything
+/// by an order of magnitude.
+let runsUnderSanitizer: Bool = dlsym(nil, "__tsan_init") != nil || dlsym(nil, "__asan_init") != nil
+
+/// A deadline that only catches a hang, stretched under a sanitizer (as PortKitTests'
+/// `patience`). Never use it for a duration a test checks.
+func patience(_ duration: Duration) -> Duration {
+    runsUnderSanitizer ? duration * 20 : duration
+}
+
 /// Counts the open descriptors of this process (`/proc/self/fd`).
 func openDescriptorCount() -> Int {
     (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? -1
