@@ -67,7 +67,8 @@ final class NameRegistration {
     /// may take at once, so each accept looks first.
     private func acceptWaiting() {
         guard let port else { return }
-        for _ in 0..<64 where isActive {
+        for _ in 0..<64 {
+            guard isActive else { return }
             do throws(PKError) {
                 switch try Socket.accept(listenFD) {
                 case .done(let fd): port.adoptAccepted(fd)

@@ -802,10 +802,9 @@ public final class PKRunLoop: @unchecked Sendable {
 
     // MARK: - Items in a pass
 
-    /// Runs the perform blocks queued for `mode`. Inlined: a pass asks up to three times, and
-    /// almost always one load answers.
+    /// Runs the perform blocks queued for `mode`; whether it ran any. Inlined: a pass asks up
+    /// to three times, and almost always one load answers.
     @inline(__always)
-    /// Runs the blocks queued for `mode`; whether it ran any.
     private func runPerformBlocks(_ mode: PKRunLoopMode) -> Bool {
         performCount.load(ordering: .acquiring) > 0 && runQueuedPerformBlocks(mode)
     }
