@@ -310,6 +310,80 @@ import PortKit
         #expect(!port.isValid)
     }
 
+    /// Runs `loop` in a mode of its own (never a common one, nor a port's) until `condition`
+    /// holds.
+    func runOtherMode(_ loop: PKRunLoop, until what: String, _ condition: () -> Bool) throws {
+        let other = PKRunLoopMode("other")
+        let keeper = PKTimer(fireDate: .distantFuture) { _ in }
+        loop.add(keeper, forMode: other)
+        defer { keeper.invalidate() }
+        let deadline = PKDeadline.after(patience(.seconds(20)))
+        while !condition() {
+            if deadline.hasPassed { throw TestTimeout(what: what) }
+            loop.run(in: other, until: .after(.milliseconds(5)))
+        }
+    }
+
+    /// Whether a port can bind `endpoint` now (the previous one released it).
+    func canBind(_ endpoint: String) -> Bool {
+        guard let port = try? PKZMQReceivePort(bindingTo: endpoint) else { return false }
+        port.invalidate()
+        return true
+    }
+
+    /// A port that has left its modes is released on another thread: its socket closes, and
+    /// its endpoint is free, at the loop's next pass in a mode that is not a common one. (The
+    /// close waited for a run of a common mode, and the thread's end dropped it: the socket
+    /// and its endpoint stayed.)
+    @Test func aPortInNoModeReleasedOnAnotherThreadReleasesItsEndpoint() throws {
+        let directory = TemporaryDirectory()
+        let endpoint = directory.endpoint("released-elsewhere")
+        try onLoopThread { loop in
+            let port = Locked<PKZMQReceivePort?>(try PKZMQReceivePort(bindingTo: endpoint))
+            try loop.add(port.value!, forMode: .default)
+            loop.remove(port.value!, forMode: .default)
+            #expect(!canBind(endpoint))
+            let releaser = Thread { port.value = nil }
+            releaser.start()
+            try runOtherMode(loop, until: "the endpoint to be released") { canBind(endpoint) }
+        }
+    }
+
+    /// A port that has left its modes is invalidated from another thread: the invalidation is
+    /// finished on the loop's thread at its next pass, in a mode that is not a common one.
+    @Test func aPortInNoModeInvalidatedFromAnotherThreadIsFinishedOnItsLoop() throws {
+        let directory = TemporaryDirectory()
+        let endpoint = directory.endpoint("invalidated-elsewhere")
+        try onLoopThread { loop in
+            let invalidatedOn = Locked<Bool?>(nil)
+            let port = try PKZMQReceivePort(bindingTo: endpoint)
+            port.onInvalidation = { invalidatedOn.value = loop.isOwnedByCurrentThread }
+            try loop.add(port, forMode: .default)
+            loop.remove(port, forMode: .default)
+            Thread.detachNewThread { port.invalidate() }
+            try runOtherMode(loop, until: "the invalidation") { invalidatedOn.value != nil }
+            #expect(invalidatedOn.value == true)
+            #expect(canBind(endpoint))
+        }
+    }
+
+    /// Invalidated from another thread while in its mode; removed from it before the loop runs
+    /// that mode or a common one: the removal finishes the invalidation.
+    @Test func aPortInvalidatedElsewhereThenRemovedFromItsModeIsFinished() throws {
+        try onLoopThread { loop in
+            let invalidated = Locked(false)
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")
+            port.onInvalidation = { invalidated.value = true }
+            try loop.add(port, forMode: .default)
+            let invalidator = Thread { port.invalidate() }
+            invalidator.start()
+            try waitUntil("the invalidation to be asked for", timeout: patience(.seconds(10))) { !port.isValid }
+            #expect(!invalidated.value)
+            loop.remove(port, forMode: .default)
+            #expect(invalidated.value)
+        }
+    }
+
     @Test func theEndOfTheLoopThreadInvalidatesThePortAndReleasesItsEndpoint() throws {
         let directory = TemporaryDirectory()
         let endpoint = directory.endpoint("thread-end")

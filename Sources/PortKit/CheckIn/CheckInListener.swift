@@ -43,9 +43,10 @@ final class CheckInListener {
         } else {
             // Released on another thread (a `PKWorkerProcess` given away): the port's sources
             // sit in the private mode, which may never run again, so its invalidation (and the
-            // close of the worker's connection) is finished on the loop's next pass.
+            // close of the worker's connection) is finished on the loop's next pass, in
+            // whatever mode it runs.
             let port = port
-            loop.perform { port.invalidate() }
+            loop.performHousekeeping { port.invalidate() }
         }
     }
 

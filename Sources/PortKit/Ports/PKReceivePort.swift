@@ -162,7 +162,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         for fd in pending { Descriptor.close(fd) }
         if room >= 0 { Descriptor.close(room) }
         // The last reference may go on any thread (a port removed from its modes and then
-        // released elsewhere), but the connections' sources are loop-only: hand them over.
+        // released elsewhere), but the connections' sources are loop-only: hand them over, to
+        // a pass in whatever mode the loop runs next (or its thread's end).
         let closing = UncheckedBox(Array(connections.values) as [ReceiveConnection])
         let others = UncheckedBox(companions)
         guard !closing.value.isEmpty || !others.value.isEmpty else { return }
@@ -170,8 +171,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             for connection in closing.value { connection.close() }
             for companion in others.value { companion.invalidate() }
         }
-        if let loop = shared.withLock({ $0.loop }), !loop.isOwnedByCurrentThread, !loop.threadEnded {
-            loop.perform(close)
+        if let loop = shared.withLock({ $0.loop }), !loop.isOwnedByCurrentThread {
+            loop.performHousekeeping(close)
         } else {
             close()
         }
@@ -383,6 +384,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         for connection in connections.values { connection.leave(loop, mode: mode) }
         for companion in companions { loop.remove(companion, forMode: mode) }
         if let greetingTimer { loop.remove(greetingTimer, forMode: mode) }
+        // Invalidated by another thread, and its adopter has left the modes it would have
+        // finished that in.
+        if modes.isEmpty && !isValid { finishInvalidation() }
     }
 
     // MARK: - Companions (named sockets)
@@ -502,7 +506,10 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             return
         }
         if let loop, !loop.isOwnedByCurrentThread {
+            // The adopter finishes it in the port's modes; a port in none (or a loop that never
+            // runs them again before the port leaves them) is finished at the loop's next pass.
             adopter.signal(waking: loop)
+            loop.performHousekeeping { [self] in if modes.isEmpty { finishInvalidation() } }
         } else {
             finishInvalidation()
         }

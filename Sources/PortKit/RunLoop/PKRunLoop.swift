@@ -91,7 +91,8 @@ public final class PKRunLoop: @unchecked Sendable {
     /// purges a mode only when something in it may have been invalidated.
     private let invalidations = Atomic<UInt64>(0)
     private let stopRequested = Atomic<Bool>(false)
-    private let performQueue = PKMutex<[(modes: [PKRunLoopMode], block: @Sendable () -> Void)]>([])
+    /// Blocks given to `perform` (`modes` nil: `performHousekeeping`'s, for any mode).
+    private let performQueue = PKMutex<[(modes: [PKRunLoopMode]?, block: @Sendable () -> Void)]>([])
     private let performCount = Atomic<Int>(0)
     /// Counts changes of this loop's timers (see `refreshTimerDates`).
     private let timerEpoch = Atomic<UInt64>(0)
@@ -399,6 +400,25 @@ public final class PKRunLoop: @unchecked Sendable {
         wakeUp()
     }
 
+    /// Runs `block` on the loop's thread at its next pass in whatever mode, or in an empty
+    /// mode's run, or when the thread ends; on the calling thread at once if the thread has
+    /// ended. PortKit's own clean-up of items in no mode (a port released or invalidated on
+    /// another thread after it left its modes): the loop may never run the modes a `perform`
+    /// would wait for, and a block still queued when the thread ends runs rather than being
+    /// dropped. Such a block is not a handled source. Safe from any thread.
+    package func performHousekeeping(_ block: @escaping @Sendable () -> Void) {
+        // Looked at under the queue's lock: the thread's end takes the queue under it too,
+        // after setting `ended`, so a block is either taken there or sees the end here.
+        let queued = performQueue.withLock { queue -> Bool in
+            guard !threadEnded else { return false }
+            queue.append((nil, block))
+            return true
+        }
+        guard queued else { return block() }
+        performCount.add(1, ordering: .releasing)
+        wakeUp()
+    }
+
     /// How many blocks given to `perform` wait to run (for tests). Safe from any thread.
     var queuedPerformBlocks: Int { performCount.load(ordering: .acquiring) }
 
@@ -426,12 +446,14 @@ public final class PKRunLoop: @unchecked Sendable {
         guard let record = record(mode) else {
             precondition(mode != .common, "PKRunLoop.run: a loop cannot run in the common-modes pseudo-mode; run a real mode such as .default")
             consumeStaleWake()
+            runHousekeeping()
             return .finished
         }
         if threadEnded { return .finished }
         purgeInvalid(record)
         if record.isEmpty {
             consumeStaleWake()
+            runHousekeeping()
             return .finished
         }
         let previous = currentRecord
@@ -809,12 +831,23 @@ public final class PKRunLoop: @unchecked Sendable {
         performCount.load(ordering: .acquiring) > 0 && runQueuedPerformBlocks(mode)
     }
 
+    /// Runs the housekeeping queued (`performHousekeeping`), for a run that makes no pass.
+    private func runHousekeeping() {
+        if performCount.load(ordering: .acquiring) > 0 { _ = runQueuedPerformBlocks(nil) }
+    }
+
+    /// Runs the blocks queued for `mode` (`nil`: `performHousekeeping`'s alone); whether one
+    /// of them was a `perform` block (a handled source).
     @inline(never)
-    private func runQueuedPerformBlocks(_ mode: PKRunLoopMode) -> Bool {
+    private func runQueuedPerformBlocks(_ mode: PKRunLoopMode?) -> Bool {
+        var handled = false
         let runnable: [@Sendable () -> Void] = performQueue.withLock { queue in
             var taken: [@Sendable () -> Void] = []
             queue.removeAll { item in
-                guard modesMatch(item.modes, mode) else { return false }
+                if let modes = item.modes {
+                    guard let mode, modesMatch(modes, mode) else { return false }
+                    handled = true
+                }
                 taken.append(item.block)
                 return true
             }
@@ -823,11 +856,13 @@ public final class PKRunLoop: @unchecked Sendable {
         guard !runnable.isEmpty else { return false }
         performCount.subtract(runnable.count, ordering: .releasing)
         for block in runnable { block() }
-        return true
+        return handled
     }
 
-    private func modesMatch(_ modes: [PKRunLoopMode], _ mode: PKRunLoopMode) -> Bool {
-        modes.contains { $0 == mode || ($0 == .common && commonModes.contains(mode)) }
+    /// Whether a block queued for `modes` (`nil`: any mode) runs in `mode`.
+    private func modesMatch(_ modes: [PKRunLoopMode]?, _ mode: PKRunLoopMode) -> Bool {
+        guard let modes else { return true }
+        return modes.contains { $0 == mode || ($0 == .common && commonModes.contains(mode)) }
     }
 
     /// Performs the signalled sources of the running mode, in their order; those of other
@@ -1161,9 +1196,12 @@ public final class PKRunLoop: @unchecked Sendable {
         // Released after the locks: a block's captures may perform on this loop as they go.
         var signalled: [PKCustomSource] = []
         doorbell.signalledQueue.withLock { swap(&signalled, &$0) }
-        var blocks: [(modes: [PKRunLoopMode], block: @Sendable () -> Void)] = []
+        var blocks: [(modes: [PKRunLoopMode]?, block: @Sendable () -> Void)] = []
         performQueue.withLock { swap(&blocks, &$0) }
+        performCount.subtract(blocks.count, ordering: .releasing)
         signalled = []
+        // Housekeeping runs (it closes what would otherwise leak); `perform` blocks are dropped.
+        for item in blocks where item.modes == nil { item.block() }
         blocks = []
     }
 }

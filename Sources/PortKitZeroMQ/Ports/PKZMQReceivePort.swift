@@ -129,7 +129,10 @@ public final class PKZMQReceivePort: @unchecked Sendable, CustomStringConvertibl
         precondition(loop.isOwnedByCurrentThread, "PKRunLoop.remove(_:forMode:) is loop-only: call it on the loop's own thread")
         guard runLoop === loop, let remaining = shared.withLock({ $0.modes.remove(mode) == nil ? nil : $0.modes }) else { return }
         inbox.unschedule(from: mode)
-        if remaining.isEmpty { keptByLoop = nil }
+        guard remaining.isEmpty else { return }
+        // Invalidated by another thread, and now in no mode that would finish it.
+        if !isValid { invalidateOnLoop() }
+        keptByLoop = nil
     }
 
     /// Hands a wake-up's messages to the handler, loading it again only when it changed: user
@@ -175,8 +178,12 @@ public final class PKZMQReceivePort: @unchecked Sendable, CustomStringConvertibl
         }
         if loop.isOwnedByCurrentThread {
             invalidateOnLoop()
+        } else if modes.isEmpty {
+            // In no mode: at the loop's next pass, whatever mode it runs (or its thread's end).
+            loop.performHousekeeping { self.invalidateOnLoop() }
         } else {
-            // In the common modes and the port's own: whichever the loop runs next.
+            // In the common modes and the port's own: whichever the loop runs next (or the
+            // port's removal from its last mode, below).
             loop.perform(inModes: [.common] + Array(modes)) { self.invalidateOnLoop() }
         }
     }

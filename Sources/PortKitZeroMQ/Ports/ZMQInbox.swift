@@ -110,7 +110,6 @@ final class ZMQInbox: @unchecked Sendable {
     private var fdSource: PKDescriptorSource?
     private var again: PKCustomSource?
     private weak var loop: PKRunLoop?
-    private var modes: Set<PKRunLoopMode> = []
     /// Called on the loop once a wake-up with the messages that arrived: it must take them from
     /// `next` until `next` says nil (one that stopped early would leave input that makes the
     /// loop pass again and again). One call a wake-up, not a message: the receiver retains
@@ -249,7 +248,6 @@ final class ZMQInbox: @unchecked Sendable {
         self.loop = loop
         try loop.add(fdSource!, forMode: mode)
         loop.add(again!, forMode: mode)
-        modes.insert(mode)
         let again = again!
         io.mutex.withLock { io in
             io.wake = { [weak again, weak loop] in
@@ -266,13 +264,13 @@ final class ZMQInbox: @unchecked Sendable {
         guard let loop, let fdSource, let again else { return }
         loop.remove(fdSource, forMode: mode)
         loop.remove(again, forMode: mode)
-        modes.remove(mode)
     }
 
     /// Stops watching and closes the socket, releasing `ipc://` claims; idempotent. On the
     /// loop's thread (or before the inbox was scheduled, or after its loop is gone) it happens
     /// now; from another thread it is queued on the loop, because epoll must stop watching
-    /// ZMQ_FD before the socket that owns it closes.
+    /// ZMQ_FD before the socket that owns it closes: for the loop's next pass in whatever mode
+    /// (the inbox may be in none, or in modes the loop never runs again), or its thread's end.
     func close() {
         let source = fdSource
         fdSource = nil
@@ -283,10 +281,11 @@ final class ZMQInbox: @unchecked Sendable {
         onCancel = {}
         let io = self.io
         if let loop, source != nil, !loop.isOwnedByCurrentThread {
-            loop.perform(inModes: [.common] + Array(modes)) { [weak self] in
+            // The inbox is kept until then: its sources' handlers reach it unowned.
+            loop.performHousekeeping { [self] in
                 source?.invalidate()
                 again?.invalidate()
-                self?.heldFrame.release()
+                heldFrame.release()
                 io.mutex.withLock { $0.close() }
             }
             return

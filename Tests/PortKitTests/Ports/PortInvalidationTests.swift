@@ -379,6 +379,105 @@ import Testing
         try waitPatiently("the right to become invalid") { !right.isValid }
     }
 
+    // MARK: - A port in no mode, on another thread
+
+    /// Runs `loop` in a mode of its own (never a common one, and so never the modes of a
+    /// `perform`) until `condition` holds.
+    private func runOtherMode(_ loop: PKRunLoop, _ what: String, until condition: () -> Bool) throws {
+        let other = PKRunLoopMode("other")
+        let keeper = PKTimer(fireDate: .distantFuture) { _ in }
+        loop.add(keeper, forMode: other)
+        defer { keeper.invalidate() }
+        let deadline = PKDeadline.after(patience(.seconds(20)))
+        while !condition() {
+            if deadline.hasPassed { throw TestTimeout(what: what) }
+            loop.run(in: other, until: .after(.milliseconds(5)))
+        }
+    }
+
+    /// Schedules `holder`'s port in the default mode, gives it a connection and removes it from
+    /// the mode; returns the connection's other end. Keeps no reference to the port.
+    private static func connectAndLeaveModes(_ holder: Locked<PKReceivePort?>, on loop: PKRunLoop) throws -> Int32 {
+        let port = try #require(holder.value)
+        try loop.add(port, forMode: .default)
+        let writeEnd = try port.makeTransferDescriptor()
+        loop.runOnePass()
+        loop.remove(port, forMode: .default)
+        return writeEnd
+    }
+
+    /// A port that has left its modes is released on another thread: its connections close
+    /// at the loop's next pass, though the loop runs a mode that is not a common one. (They
+    /// waited for a pass in a common mode, and were dropped unclosed when the thread ended.)
+    @Test func aPortReleasedOnAnotherThreadInNoModeClosesItsConnections() throws {
+        try onPortLoopThread { loop in
+            let port = Locked<PKReceivePort?>(PKReceivePort())
+            let writeEnd = try Self.connectAndLeaveModes(port, on: loop)
+            defer { Descriptor.close(writeEnd) }
+            try TestThread { port.value = nil }.joinPatiently()
+            try runOtherMode(loop, "the connection to close") { Socket.peerHasHungUp(writeEnd) }
+        }
+    }
+
+    /// The same port released on another thread while its loop's thread is ending without
+    /// running its loop again: the thread's end closes the connections.
+    @Test func aPortReleasedOnAnotherThreadAsItsThreadEndsClosesItsConnections() throws {
+        let published = TestLatch<Locked<PKReceivePort?>>()
+        let writeEnd = TestLatch<Int32>()
+        let released = Locked(false)
+        let thread = TestThread(name: "ending-owner") {
+            let holder = Locked<PKReceivePort?>(PKReceivePort())
+            guard let fd = try? Self.connectAndLeaveModes(holder, on: PKRunLoop.current) else { return }
+            writeEnd.set(fd)
+            published.set(holder)
+            try? waitPatiently("the release", timeout: .seconds(20)) { released.value }
+        }
+        let port = try published.waitPatiently()
+        let fd = try writeEnd.waitPatiently()
+        defer { Descriptor.close(fd) }
+        port.value = nil
+        released.value = true
+        try thread.joinPatiently()
+        try waitPatiently("the connection to close") { Socket.peerHasHungUp(fd) }
+    }
+
+    /// A port that has left its modes is invalidated from another thread: the invalidation is
+    /// finished on its loop's thread at the next pass, whatever mode that runs, and closes
+    /// its connections. (It waited for the port's adopter, which was in no mode.)
+    @Test func aPortInNoModeInvalidatedFromAnotherThreadIsFinishedOnItsLoop() throws {
+        try onPortLoopThread { loop in
+            let owner = currentThreadID
+            let log = Log()
+            let port = PKReceivePort()
+            port.onInvalidation = { log.add(currentThreadID == owner ? "invalidated" : "invalidated elsewhere") }
+            try loop.add(port, forMode: .default)
+            let writeEnd = try port.makeTransferDescriptor()
+            defer { Descriptor.close(writeEnd) }
+            loop.runOnePass()
+            loop.remove(port, forMode: .default)
+            try TestThread { port.invalidate() }.joinPatiently()
+            try runOtherMode(loop, "the invalidation") { !log.value.isEmpty && Socket.peerHasHungUp(writeEnd) }
+            #expect(log.value == ["invalidated"])
+        }
+    }
+
+    /// Invalidated from another thread while in its mode; removed from it before the loop runs
+    /// that mode again: the removal finishes the invalidation.
+    @Test func aPortInvalidatedElsewhereThenRemovedFromItsModeIsFinished() throws {
+        try onPortLoopThread { loop in
+            let log = Log()
+            let port = PKReceivePort()
+            port.onInvalidation = { log.add("invalidated") }
+            try loop.add(port, forMode: .default)
+            try TestThread { port.invalidate() }.joinPatiently()
+            // A pass in another mode: the port is still in its own, so nothing is finished yet.
+            try runOtherMode(loop, "a pass") { loop.queuedPerformBlocks == 0 }
+            #expect(log.value.isEmpty)
+            loop.remove(port, forMode: .default)
+            #expect(log.value == ["invalidated"])
+        }
+    }
+
     // MARK: - Senders leaving
 
     /// A sender invalidates its right after sending: the receiver gets every message it sent,

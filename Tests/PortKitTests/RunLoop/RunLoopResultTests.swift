@@ -281,6 +281,27 @@ extension RunLoopTests {
             #expect(fired >= 1)
         }
 
+        /// PortKit's own clean-up (`performHousekeeping`: a port released on another thread)
+        /// runs in a run of any mode, even an empty one that makes no pass, and is not a
+        /// handled source: the run it woke goes on to its own end.
+        @Test func housekeepingRunsInAnyModeAndIsNotAHandledSource() throws {
+            let (empty, ranInEmpty, other, ran) = try onLoopThread { loop in
+                let ran = Locked(0)
+                loop.performHousekeeping { ran.withLock { $0 += 1 } }
+                let empty = loop.run(in: "housekeeping-empty", until: .distantFuture)
+                let ranInEmpty = ran.value
+                let mode: PKRunLoopMode = "housekeeping-other"
+                loop.scheduleTimer(after: .milliseconds(1), forMode: mode) { _ in PKRunLoop.current.stop() }
+                loop.performHousekeeping { ran.withLock { $0 += 1 } }
+                let other = loop.run(in: mode, until: .after(patience(.seconds(30))), returnAfterSourceHandled: true)
+                return (empty, ranInEmpty, other, ran.value)
+            }
+            #expect(empty == .finished)
+            #expect(ranInEmpty == 1)
+            #expect(other == .stopped)
+            #expect(ran == 2)
+        }
+
         /// `stop()` on a loop that is not running makes its next run return `.stopped` at once:
         /// before it performs anything, even a source that is ready when it was asked to return
         /// after one. The stop is used up: the run after that works normally.
