@@ -427,7 +427,9 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Runs the loop in `mode` until `deadline`, a stop, an empty mode or (if asked) one handled
     /// source (`CFRunLoopRunInMode`). Loop-only.
     ///
-    /// A mode with no sources and no timers returns `.finished` at once. A deadline that has
+    /// A mode with no sources and no timers returns `.finished` at once, after running the
+    /// blocks `perform` queued for it (`.handledSource` if it ran one and was asked to return
+    /// after one; a block that gave the mode items goes on with them). A deadline that has
     /// passed still gets one pass that does not sleep. Timers never count as handled sources.
     ///
     /// - Parameters:
@@ -445,17 +447,11 @@ public final class PKRunLoop: @unchecked Sendable {
         // a mode without one needs the string comparison.
         guard let record = record(mode) else {
             precondition(mode != .common, "PKRunLoop.run: a loop cannot run in the common-modes pseudo-mode; run a real mode such as .default")
-            consumeStaleWake()
-            runHousekeeping()
-            return .finished
+            return runEmpty(mode, deadline, returnAfterSourceHandled)
         }
         if threadEnded { return .finished }
         purgeInvalid(record)
-        if record.isEmpty {
-            consumeStaleWake()
-            runHousekeeping()
-            return .finished
-        }
+        if record.isEmpty { return runEmpty(mode, deadline, returnAfterSourceHandled) }
         let previous = currentRecord
         currentRecord = record
         // Signalled sources of this mode may have been skipped while another mode ran: those
@@ -503,8 +499,9 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Runs the loop once in `mode`, returning after the first source handled or at `deadline`
     /// (`-[NSRunLoop runMode:beforeDate:]`). Loop-only.
     ///
-    /// - Returns: `false` if the mode has no sources or timers (the run did not start); `true`
-    ///   for a run that started, even if its mode emptied in it (a one-shot timer that fired).
+    /// - Returns: `false` if the mode has no sources, no timers and no `perform` blocks queued
+    ///   for it (the run did not start); `true` for a run that started, even if its mode
+    ///   emptied in it (a one-shot timer that fired).
     @discardableResult
     public func runOnce(in mode: PKRunLoopMode = .default, before deadline: PKDeadline) -> Bool {
         assertOwner("runOnce(in:before:)")
@@ -512,8 +509,8 @@ public final class PKRunLoop: @unchecked Sendable {
             purgeInvalid(record)
             return !record.isEmpty
         } ?? false
-        run(in: mode, until: deadline, returnAfterSourceHandled: true)
-        return starts
+        // A mode with nothing but blocks queued for it starts too, and its run handles them.
+        return run(in: mode, until: deadline, returnAfterSourceHandled: true) == .handledSource || starts
     }
 
     /// Runs the default mode until it has no sources and no timers, or a stop
@@ -831,21 +828,30 @@ public final class PKRunLoop: @unchecked Sendable {
         performCount.load(ordering: .acquiring) > 0 && runQueuedPerformBlocks(mode)
     }
 
-    /// Runs the housekeeping queued (`performHousekeeping`), for a run that makes no pass.
-    private func runHousekeeping() {
-        if performCount.load(ordering: .acquiring) > 0 { _ = runQueuedPerformBlocks(nil) }
+    /// A run of a mode with no items. It runs the blocks queued for the mode (as Core
+    /// Foundation counts a mode's blocks in whether it is empty) and the housekeeping queued,
+    /// then ends: `.handledSource` if a `perform` block ran and the run was to return after
+    /// one; the run goes on if a block gave the mode items; `.finished` otherwise.
+    @inline(never)
+    private func runEmpty(_ mode: PKRunLoopMode, _ deadline: PKDeadline, _ returnAfterSourceHandled: Bool) -> PKRunLoopRunResult {
+        consumeStaleWake()
+        guard !threadEnded, performCount.load(ordering: .acquiring) > 0, runQueuedPerformBlocks(mode) else { return .finished }
+        if returnAfterSourceHandled { return .handledSource }
+        guard let record = record(mode) else { return .finished }
+        purgeInvalid(record)
+        return record.isEmpty ? .finished : run(in: mode, until: deadline)
     }
 
-    /// Runs the blocks queued for `mode` (`nil`: `performHousekeeping`'s alone); whether one
-    /// of them was a `perform` block (a handled source).
+    /// Runs the blocks queued for `mode` and the housekeeping; whether one of them was a
+    /// `perform` block (a handled source).
     @inline(never)
-    private func runQueuedPerformBlocks(_ mode: PKRunLoopMode?) -> Bool {
+    private func runQueuedPerformBlocks(_ mode: PKRunLoopMode) -> Bool {
         var handled = false
         let runnable: [@Sendable () -> Void] = performQueue.withLock { queue in
             var taken: [@Sendable () -> Void] = []
             queue.removeAll { item in
                 if let modes = item.modes {
-                    guard let mode, modesMatch(modes, mode) else { return false }
+                    guard modesMatch(modes, mode) else { return false }
                     handled = true
                 }
                 taken.append(item.block)

@@ -281,6 +281,40 @@ extension RunLoopTests {
             #expect(fired >= 1)
         }
 
+        /// A mode whose only work is a block `perform` queued for it runs the block, as Core
+        /// Foundation counts a mode's blocks in whether it is empty: the run returns
+        /// `.finished`, or `.handledSource` when asked to return after one; `runOnce` says it
+        /// started; a block that adds a timer to the mode has the run go on until it fires.
+        /// (The run returned `.finished` at once and left the blocks queued.)
+        @Test func aModeWithOnlyPerformBlocksRunsThem() throws {
+            let outcome = try onLoopThread { loop -> [String] in
+                let log = Locked<[String]>([])
+                @Sendable func note(_ entry: String) { log.withLock { $0.append(entry) } }
+                let mode: PKRunLoopMode = "blocks-only"
+                loop.perform(inModes: [mode]) { note("plain") }
+                let plain = loop.run(in: mode, until: .distantFuture)
+                note("run: \(plain)")
+                loop.perform(inModes: [mode]) { note("returning") }
+                let returning = loop.run(in: mode, until: .distantFuture, returnAfterSourceHandled: true)
+                note("run: \(returning)")
+                loop.perform(inModes: [mode]) { note("once") }
+                let once = loop.runOnce(in: mode, before: .distantFuture)
+                note("runOnce: \(once)")
+                let nothing = loop.runOnce(in: mode, before: .distantFuture)
+                note("runOnce: \(nothing)")
+                loop.perform(inModes: [mode]) {
+                    PKRunLoop.current.scheduleTimer(after: .milliseconds(1), forMode: mode) { _ in note("timer") }
+                }
+                let timed = loop.run(in: mode, until: .after(patience(.seconds(30))))
+                note("run: \(timed)")
+                return log.value
+            }
+            #expect(outcome == [
+                "plain", "run: finished", "returning", "run: handledSource",
+                "once", "runOnce: true", "runOnce: false", "timer", "run: finished",
+            ])
+        }
+
         /// PortKit's own clean-up (`performHousekeeping`: a port released on another thread)
         /// runs in a run of any mode, even an empty one that makes no pass, and is not a
         /// handled source: the run it woke goes on to its own end.
