@@ -5,7 +5,7 @@
 import Testing
 import Foundation
 import PortKit
-import PortKitZeroMQ
+@testable import PortKitZeroMQ
 
 /// A name server on a thread of its own.
 final class ZMQNameServerThread: @unchecked Sendable {
@@ -146,6 +146,30 @@ final class ZMQNameServerThread: @unchecked Sendable {
             port.invalidate()
             try waitUntil("the invalidated port's name to go") { (try? service.lookUp("again")) == nil }
         }
+    }
+
+    /// A registration that fails (nobody binds its port's endpoint) keeps nothing: the
+    /// server's connection toward that endpoint goes once nothing else holds it. (The
+    /// registration held it in two reference cycles, its watch's and its confirmation's, for
+    /// the process's life, reconnecting every second: a few hundred such REGISTERs used up
+    /// libzmq's sockets.)
+    @Test func aFailedRegistrationKeepsNoConnection() throws {
+        let server = try ZMQNameServerThread(registrationTimeout: .milliseconds(300))
+        defer { server.stop() }
+        let service = try PKZMQNameService(endpoint: server.endpoint)
+        let directory = TemporaryDirectory()
+        let endpoint = directory.endpoint("nobody")
+        // The connection the server will use: one per endpoint in a process, shared.
+        weak var probe: ZMQConnection?
+        probe = try ZMQConnectionCache.shared.connection(to: ZMQEndpoint(parsing: endpoint))
+        try onLoopThread { _ in
+            expectPKError(.transport) { try service.register(PKZMQSendPort(connectingTo: endpoint), name: "nowhere") }
+        }
+        // The cache keeps the last connections made: push this one out.
+        for index in 0..<ZMQConnectionCache.recentCapacity {
+            _ = try ZMQConnectionCache.shared.connection(to: ZMQEndpoint(parsing: directory.endpoint("other-\(index)")))
+        }
+        try waitUntil("the connection to be released", timeout: patience(.seconds(10))) { probe == nil }
     }
 
     /// Found by review: the server sent each reply waiting up to 5 s for a connection to the

@@ -5,7 +5,7 @@
 import Testing
 import Foundation
 import Glibc
-import PortKit
+@testable import PortKit
 import PortKitZeroMQ
 
 @Suite struct ZMQRoundTripTests {
@@ -60,15 +60,20 @@ import PortKitZeroMQ
         let directory = TemporaryDirectory()
         let server = try ZMQEchoServer(endpoint: Self.endpoint(kind, directory))
         defer { server.stop() }
-        try onLoopThread { _ in
+        try onLoopThread { loop in
             let right = try PKZMQSendPort(connectingTo: server.endpoint)
+            var modesAfterFirst = 0
             for round in UInt32(1)...20 {
                 let reply = try right.sendRequest(
                     PKZMQMessage(msgid: round, data: Array("ping \(round)".utf8)),
                     sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
                 #expect(reply?.msgid == round)
                 #expect(reply?.text == "ping \(round)")
+                if round == 1 { modesAfterFirst = loop.modeItems.count }
             }
+            // Every request waited in the same private mode (each made a mode of its own, and
+            // the loop kept a record of each for as long as it lived).
+            #expect(loop.modeItems.count == modesAfterFirst)
             // A one-way send through the same call returns nil.
             #expect(try right.sendRequest(PKZMQMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: nil) == nil)
         }
@@ -168,6 +173,28 @@ import PortKitZeroMQ
             #expect(!right.isValid)
             expectPKError(.invalidPort) { try right.send(PKZMQMessage(msgid: 2), timeout: .seconds(1)) }
             watch.cancel()
+        }
+    }
+
+    /// A cancelled watch lets go of its handler (and whatever the handler holds) once its loop
+    /// has dropped it. (The watch's source held itself, and its handler, in a cycle that only
+    /// its firing broke: the name server's every registration that ended without its port
+    /// dying stayed, with its connection.)
+    @Test func aCancelledWatchReleasesItsHandler() throws {
+        final class Held: Sendable {}
+        try onLoopThread { loop in
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")
+            defer { port.invalidate() }
+            let right = try PKZMQSendPort(connectingTo: port.endpoint)
+            weak var probe: Held?
+            do {
+                let held = Held()
+                probe = held
+                let watch = try right.watchInvalidation(on: loop, forMode: .default) { withExtendedLifetime(held) {} }
+                watch.cancel()
+            }
+            loop.runOnePass()
+            #expect(probe == nil)
         }
     }
 

@@ -142,6 +142,9 @@ public final class PKRunLoop: @unchecked Sendable {
     @exclusivity(unchecked) var requestDepth = 0
     /// Check-ins being waited for on this loop (`CheckInListener`), for their private modes.
     @exclusivity(unchecked) var checkInDepth = 0
+    /// ZeroMQ requests being waited for on this loop, for their private modes: one mode a
+    /// nesting depth, reused by every request (a mode's record lives as long as its loop).
+    @exclusivity(unchecked) package var zmqRequestDepth = 0
     /// Connections this thread left bytes pending on during the current pass (coalesced
     /// writes): written before the loop waits or returns.
     @exclusivity(unchecked) var pendingWrites: [SendConnection] = []

@@ -58,6 +58,13 @@ public final class PKZMQNameServer: @unchecked Sendable {
         init(_ value: PKZMQNameServer) { self.value = value }
     }
 
+    /// A registration, reached from the background loop's thread only to be handed back to
+    /// the server's loop.
+    private final class WeakRegistration: @unchecked Sendable {
+        weak var value: Registration?
+        init(_ value: Registration) { self.value = value }
+    }
+
     /// A reply whose connection to the client was not made yet.
     private struct WaitingReply {
         let message: PKZMQMessage
@@ -174,11 +181,18 @@ public final class PKZMQNameServer: @unchecked Sendable {
             dropped(name, registration, why: "it could not be reached within \(registrationTimeout)")
             reply(ZMQNameProtocol.reply(to: msgid, .unreachable), to: registration.replyPort)
         }
+        // The registration is reached weakly: the connection keeps this handler until it is
+        // made or dies, and one toward an endpoint nobody binds is neither; held strongly, the
+        // registration kept the connection (and so the handler) for the process's life.
         let modes = self.modes
         let server = WeakServer(self)
+        let pending = WeakRegistration(registration)
         port.right.liveConnection?.onEstablished { established in
             guard established else { return }
-            loop.perform(inModes: modes) { server.value?.confirm(name, registration, msgid) }
+            loop.perform(inModes: modes) {
+                guard let registration = pending.value else { return }
+                server.value?.confirm(name, registration, msgid)
+            }
         }
     }
 

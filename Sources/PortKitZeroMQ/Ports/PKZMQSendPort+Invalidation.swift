@@ -56,15 +56,16 @@ extension PKZMQSendPort {
         precondition(loop.isOwnedByCurrentThread, "PKZMQSendPort.watchInvalidation is loop-only: call it on the thread of the loop it watches on")
         let connection = try right.connectionEvenIfDead()
         var fired = false
-        var sourceRef: PKCustomSource?
+        // Weak: a strong reference would hold the source (and the handler, and all it holds)
+        // in a cycle that only the watch's firing broke, never its cancellation.
+        weak var firing: PKCustomSource?
         let source = PKCustomSource {
             guard !fired else { return }
             fired = true
-            sourceRef?.invalidate()
-            sourceRef = nil
+            firing?.invalidate()
             handler()
         }
-        sourceRef = source
+        firing = source
         for mode in modes { loop.add(source, forMode: mode) }
         let watch = PKZMQInvalidationWatch(source: source)
         let token = connection.onDeath { _ in source.signal(waking: loop) }

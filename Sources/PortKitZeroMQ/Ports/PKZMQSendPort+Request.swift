@@ -4,9 +4,6 @@
 // the deadline, or the death of the remote port's connection.
 
 import PortKit
-import Synchronization
-
-private let replyModeCounter = Atomic<UInt64>(0)
 
 extension PKZMQSendPort {
     /// Sends `message` and waits for the reply (`CFMessagePortSendRequest`).
@@ -37,7 +34,11 @@ extension PKZMQSendPort {
             return nil
         }
         let loop = PKRunLoop.current
-        let mode = PKRunLoopMode("PKZMQReplyMode-\(replyModeCounter.add(1, ordering: .relaxed).newValue)")
+        // One private mode a nesting depth, reused by every request on this loop: a mode of
+        // each request's own left a record in the loop for every request the thread made.
+        let mode = PKRunLoopMode("PKZMQReplyMode-\(loop.zmqRequestDepth)")
+        loop.zmqRequestDepth += 1
+        defer { loop.zmqRequestDepth -= 1 }
         let woken = PKCustomSource(perform: {})
         loop.add(woken, forMode: mode)
         defer { woken.invalidate() }
