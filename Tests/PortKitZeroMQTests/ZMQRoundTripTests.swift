@@ -198,6 +198,27 @@ import PortKitZeroMQ
         }
     }
 
+    /// Invalidated from another thread, then again on its loop's thread before the loop ran:
+    /// the second call finishes the invalidation there and then, as a receive port of the
+    /// core does, rather than leave `onInvalidation` to a pass that may never come (the loop
+    /// may stop first). It waited for that pass.
+    @Test func anInvalidationAskedElsewhereIsFinishedByOneOnTheLoop() throws {
+        try onLoopThread { loop in
+            var calls = 0
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")
+            port.onInvalidation = { calls += 1 }
+            try loop.add(port, forMode: .default)
+            let other = Thread { port.invalidate() }
+            other.start()
+            try waitUntil("the other thread's invalidation", timeout: patience(.seconds(10))) { !port.isValid }
+            #expect(calls == 0)
+            port.invalidate()
+            #expect(calls == 1)
+            loop.runOnePass()
+            #expect(calls == 1)
+        }
+    }
+
     @Test func anInvalidatedPortsEndpointIsFreeAtOnce() throws {
         let directory = TemporaryDirectory()
         let first = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*")

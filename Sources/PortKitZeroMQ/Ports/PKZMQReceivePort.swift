@@ -167,15 +167,18 @@ public final class PKZMQReceivePort: @unchecked Sendable, CustomStringConvertibl
     /// `onInvalidation` runs once on the loop's thread (at once, on the calling thread, for a
     /// port that was never scheduled). Safe from any thread; idempotent.
     public func invalidate() {
-        let (loop, modes) = shared.withLock { state -> (PKRunLoop?, Set<PKRunLoopMode>) in
-            guard state.isValid else { return (nil, []) }
+        let (first, loop, modes) = shared.withLock { state -> (Bool, PKRunLoop?, Set<PKRunLoopMode>) in
+            guard state.isValid else { return (false, state.loop, []) }
             state.isValid = false
-            return (state.loop, state.modes)
+            return (true, state.loop, state.modes)
         }
-        guard let loop else {
-            if !invalidationDelivered && runLoop == nil { finishInvalidation() }
+        guard first else {
+            // Another thread asked first (the invalidation is its, or queued on the loop): on
+            // the loop's own thread, finish now rather than leave it to a later pass.
+            if let loop, loop.isOwnedByCurrentThread { invalidateOnLoop() }
             return
         }
+        guard let loop else { return finishInvalidation() }
         if loop.isOwnedByCurrentThread {
             invalidateOnLoop()
         } else if modes.isEmpty {
