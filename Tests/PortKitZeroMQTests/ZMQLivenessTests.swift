@@ -6,8 +6,9 @@
 
 import Testing
 import Foundation
+import Glibc
 import PortKit
-import PortKitZeroMQ
+@testable import PortKitZeroMQ
 
 @Suite struct ZMQLivenessTests {
     static let heartbeat = PKZMQHeartbeat(interval: .milliseconds(200), timeout: .milliseconds(600))
@@ -114,6 +115,104 @@ import PortKitZeroMQ
                     print("the request failed after \(waited)")
                     try IsolatedRun.require(waited < .seconds(10), "the request waited \(waited)")
                 }
+            }
+        }
+        IsolatedRun.check(result)
+    }
+
+    /// A listening socket that accepts connections and never says a word: a peer stopped (or
+    /// slow) before its ZMTP greeting.
+    final class SilentListener {
+        let descriptor: Int32
+        let endpoint: String
+        private var accepted: [Int32] = []
+
+        /// Listens on an ephemeral port of 127.0.0.1 (`path` nil) or at the Unix socket `path`.
+        init(path: String? = nil) throws {
+            let fd: Int32
+            if let path {
+                fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+                var address = sockaddr_un()
+                address.sun_family = sa_family_t(AF_UNIX)
+                withUnsafeMutableBytes(of: &address.sun_path) { sunPath in
+                    for (index, byte) in path.utf8.enumerated() { sunPath[index] = byte }
+                }
+                let bound = withUnsafePointer(to: &address) {
+                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+                }
+                try IsolatedRun.require(bound == 0, "cannot bind \(path)")
+                endpoint = "ipc://\(path)"
+            } else {
+                fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+                var address = sockaddr_in()
+                address.sin_family = sa_family_t(AF_INET)
+                address.sin_addr.s_addr = inet_addr("127.0.0.1")
+                var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+                let bound = withUnsafeMutablePointer(to: &address) {
+                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
+                }
+                try IsolatedRun.require(bound, "cannot bind 127.0.0.1")
+                endpoint = "tcp://127.0.0.1:\(UInt16(bigEndian: address.sin_port))"
+            }
+            descriptor = fd
+            try IsolatedRun.require(listen(fd, 16) == 0, "cannot listen")
+        }
+
+        /// Accepts the next connection, waiting until `deadline`; false if none came.
+        func accept(before deadline: PKDeadline) -> Bool {
+            var item = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
+            guard poll(&item, 1, Descriptors.pollTimeout(until: deadline)) == 1 else { return false }
+            let connection = Glibc.accept(descriptor, nil, nil)
+            if connection >= 0 { accepted.append(connection) }
+            return connection >= 0
+        }
+
+        func close() {
+            for connection in accepted { Glibc.close(connection) }
+            accepted = []
+            Glibc.close(descriptor)
+        }
+    }
+
+    /// A `tcp://` peer that accepts and never greets: the handshake times out (shortened here),
+    /// libzmq drops the connection and makes another, again and again, and the send right stays
+    /// valid (protocol.md 10.5: a connection that never succeeded keeps trying). Any failed handshake used to kill the connection, so a peer
+    /// stopped or slow before its greeting was dead after libzmq's 30 s.
+    @Test func aPeerSilentBeforeItsHandshakeOverTCPIsTriedAgain() async {
+        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+            IsolatedRun.report {
+                ZMQSocket.handshakeMilliseconds.store(200, ordering: .relaxed)
+                let listener = try SilentListener()
+                defer { listener.close() }
+                let right = try PKZMQSendPort(connectingTo: listener.endpoint)
+                let deadline = PKDeadline.after(patience(.seconds(10)))
+                // Each connection after the first: the one before's handshake timed out, and the
+                // connection lived on.
+                for connection in 1...3 {
+                    try IsolatedRun.require(listener.accept(before: deadline), "libzmq did not make connection \(connection)")
+                }
+                try IsolatedRun.require(right.isValid, "a peer silent before its handshake was taken for dead")
+            }
+        }
+        IsolatedRun.check(result)
+    }
+
+    /// An `ipc://` peer that accepts and never greets (as a peer stopped before its handshake)
+    /// is alive: the connection has no handshake time limit, so it stays the one connection,
+    /// and its send right valid, past several times the `tcp://` limit (shortened here). With
+    /// libzmq's limit (30 s) the connection failed, and was taken for dead.
+    @Test func aPeerSilentBeforeItsHandshakeOverIPCIsAlive() async {
+        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+            IsolatedRun.report {
+                ZMQSocket.handshakeMilliseconds.store(200, ordering: .relaxed)
+                let directory = TemporaryDirectory()
+                let listener = try SilentListener(path: "\(directory.path)/silent")
+                defer { listener.close() }
+                let right = try PKZMQSendPort(connectingTo: listener.endpoint)
+                try IsolatedRun.require(listener.accept(before: .after(patience(.seconds(10)))), "libzmq did not connect")
+                // Five times the tcp:// limit: with a limit, libzmq would have connected again.
+                try IsolatedRun.require(!listener.accept(before: .after(.seconds(1))), "the connection was dropped and made again")
+                try IsolatedRun.require(right.isValid, "a peer silent before its handshake was taken for dead")
             }
         }
         IsolatedRun.check(result)

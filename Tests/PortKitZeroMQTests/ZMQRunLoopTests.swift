@@ -384,6 +384,40 @@ import PortKit
         }
     }
 
+    /// Whether a plain Unix socket can bind the abstract address of `ipc://@name` now (no retry,
+    /// as a port's bind has for an address this process released lately).
+    func abstractAddressIsFree(_ name: String) -> Bool {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(name.utf8)
+        withUnsafeMutableBytes(of: &address.sun_path) { path in
+            for (index, byte) in bytes.enumerated() { path[index + 1] = byte }  // path[0] = 0: abstract
+        }
+        let length = socklen_t(MemoryLayout<sa_family_t>.size + 1 + bytes.count)
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 }
+        }
+    }
+
+    /// A port whose inbox failed to bind again the address it holds (`EADDRINUSE`: libzmq made
+    /// a listener and closed it, and reported it closed) frees its address when `invalidate()`
+    /// returns. The failed binds' ZMQ_EVENT_CLOSED stayed queued and ended the close's wait for
+    /// the real listener at once, so the address was still taken for a moment after.
+    @Test func anEndpointReboundAfterFailedBindsIsFreeWhenInvalidated() throws {
+        for round in 0..<20 {
+            let name = "portkit-zmq-test-rebind-\(getpid())-\(round)"
+            let port = try PKZMQReceivePort(bindingTo: "ipc://@\(name)")
+            let endpoint = try ZMQEndpoint(parsing: port.endpoint)
+            for _ in 0..<3 {
+                #expect(throws: PKError.self) { try port.inbox.bind(endpoint) }
+            }
+            port.invalidate()
+            #expect(abstractAddressIsFree(name), "round \(round): the address was still taken after invalidate()")
+        }
+    }
+
     @Test func theEndOfTheLoopThreadInvalidatesThePortAndReleasesItsEndpoint() throws {
         let directory = TemporaryDirectory()
         let endpoint = directory.endpoint("thread-end")

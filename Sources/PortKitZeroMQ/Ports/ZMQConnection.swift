@@ -16,8 +16,9 @@
 // Its monitor tells it when the peer goes: once connected (the ZMTP handshake succeeded), a
 // disconnection, whether the peer closed, died or (over tcp://) fell silent past the heartbeat
 // timeout, kills the connection for good, as the death of a Mach port's receiver kills its send
-// rights. A connection that never succeeded keeps trying (ZeroMQ connects in the background);
-// its messages wait for it until their send deadline.
+// rights. A connection that never succeeded keeps trying (ZeroMQ connects in the background, and
+// reconnects after a handshake that timed out or was cut); its messages wait for it until their
+// send deadline. Only a handshake the peer refuses (not a ZeroMQ PULL socket) kills it.
 
 import Logging
 import PortKit
@@ -28,8 +29,9 @@ private let connectionLogger = Logger(label: "PortKitZeroMQ.ZMQConnection")
 final class ZMQConnection: @unchecked Sendable {
     let endpoint: ZMQEndpoint
     /// The PUSH socket (nil once the connection is dead or closed at exit) and the batch being
-    /// filled. Held for a whole send, waits included.
-    private let sending: ZMQMutex<Sending>
+    /// filled. Held for a whole send, waits included: another send waits for it only until its
+    /// own deadline (`withSending`).
+    private let sending: ZMQDeadlineMutex<Sending>
     /// Wakes a send that waits for room when the connection dies.
     private let interrupt: InterruptSignal
     private let state = ZMQMutex<State>(State())
@@ -98,7 +100,7 @@ final class ZMQConnection: @unchecked Sendable {
             push.close()
             throw error
         }
-        sending = ZMQMutex(Sending(socket: push))
+        sending = ZMQDeadlineMutex(Sending(socket: push))
         // The flusher's thread is made now, if it is not yet, not later under the lock.
         _ = PKRunLoop.hasFlusher
         monitor.start { [weak self] event in self?.monitorReported(event) }
@@ -128,7 +130,7 @@ final class ZMQConnection: @unchecked Sendable {
             // Too large for a batch: its frame is made before the lock, and goes after the open
             // batch.
             var frame = try ZMQOutgoingFrame(byteCount: byteCount, write)
-            try sending.withLock { sending throws(PKError) in
+            try withSending(before: deadline) { sending throws(PKError) in
                 try checkOpen(sending)
                 try flush(&sending, before: deadline)
                 let start = PKDeadline.now.uptimeNanoseconds
@@ -137,7 +139,7 @@ final class ZMQConnection: @unchecked Sendable {
             }
             return
         }
-        let flushNeeded = try sending.withLock { sending throws(PKError) -> Bool in
+        let flushNeeded = try withSending(before: deadline) { sending throws(PKError) -> Bool in
             try checkOpen(sending)
             if sending.batch.count == 0 {
                 // The clock is read only when no batch is open: while one is, a message joins it.
@@ -163,6 +165,20 @@ final class ZMQConnection: @unchecked Sendable {
             return true
         }
         if flushNeeded { queueFlush() }
+    }
+
+    /// Runs `body` under the sending lock, waiting for it until `deadline`: another thread's
+    /// send may hold it while it waits for room until a later deadline of its own.
+    ///
+    /// - Throws: `.sendTimedOut` if the lock stayed taken until `deadline` (nothing was sent),
+    ///   or what `body` throws.
+    private func withSending<Result>(
+        before deadline: PKDeadline, _ body: (inout sending Sending) throws(PKError) -> sending Result
+    ) throws(PKError) -> Result {
+        guard let result = try sending.withLock(before: deadline, body) else {
+            throw PKError(.sendTimedOut, "another thread's send to \(endpoint) held the connection until the send deadline; nothing was sent")
+        }
+        return result
     }
 
     /// Throws if the connection is dead or was closed at the process's exit.
@@ -214,10 +230,11 @@ final class ZMQConnection: @unchecked Sendable {
     /// On the flusher's thread: sends the batch if the socket has room now; if not, tries again
     /// later (`Sending.nextRetry`: the receiver is behind, and the batch waits for it as a full
     /// socket's messages do). It never waits for the lock: a sender may hold it while it waits
-    /// for room, maybe for ever, and the flusher serves every connection; it tries again in a
-    /// millisecond. A batch of a connection that died is dropped with it.
-    private func flushQueuedBatch() {
-        enum Outcome { case done, again(Duration), lost(messages: Int, PKError) }
+    /// for room, maybe for ever, and the flusher serves every connection; it tries again after
+    /// `lockRetry`, twice as long each time the lock is taken, up to 64 ms, as for a full queue.
+    /// A batch of a connection that died is dropped with it.
+    private func flushQueuedBatch(lockRetry: Duration = .milliseconds(1)) {
+        enum Outcome { case done, again(Duration), locked, lost(messages: Int, PKError) }
         let outcome = sending.withLockIfAvailable { sending -> Outcome in
             sending.flushQueued = false
             guard sending.batch.count > 0, !sending.flusherPaused, sending.socket != nil, deadReason == nil else { return .done }
@@ -234,12 +251,15 @@ final class ZMQConnection: @unchecked Sendable {
                 // The connection died meanwhile: its queued messages go with it, unreported.
                 return error.code == .invalidPort ? .done : .lost(messages: messages, error)
             }
-        } ?? .again(.milliseconds(1))
+        } ?? .locked
         switch outcome {
         case .done:
             break
         case .again(let delay):
             PKRunLoop.current.scheduleTimer(after: delay, forMode: .common) { [self] _ in flushQueuedBatch() }
+        case .locked:
+            let next = min(lockRetry * 2, .milliseconds(64))
+            PKRunLoop.current.scheduleTimer(after: lockRetry, forMode: .common) { [self] _ in flushQueuedBatch(lockRetry: next) }
         case .lost(let messages, let error):
             connectionLogger.error("a batch of \(messages) messages to \(endpoint) was lost: \(error)")
         }
@@ -256,6 +276,10 @@ final class ZMQConnection: @unchecked Sendable {
     func pauseFlusher() {
         sending.withLock { $0.flusherPaused = true }
     }
+
+    /// Tests: whether a thread holds the sending lock now (a send waiting for room or for the
+    /// connection holds it).
+    var isSendingLocked: Bool { sending.withLockIfAvailable { _ in } == nil }
 
     /// Tests: the flusher sends the open batch, and the ones after it, as usual.
     func resumeFlusher() {
@@ -381,7 +405,9 @@ final class ZMQConnection: @unchecked Sendable {
             socketReleased.store(true, ordering: .releasing)
         case ZMQMonitorEvent.disconnected:
             if isEstablished { die("the port at \(endpoint) is gone (its connection closed, or its heartbeat stopped)") }
-        case let failed where failed & ZMQMonitorEvent.handshakeFailed != 0:
+        case let refused where refused & ZMQMonitorEvent.handshakeRefused != 0:
+            // Only a refusal (not a timeout, nor a connection lost during the handshake, which
+            // libzmq retries by reconnecting): a connection that never succeeded keeps trying.
             die("the ZeroMQ handshake with \(endpoint) failed: it is not a PortKit ZeroMQ port")
         default:
             break

@@ -54,6 +54,13 @@ final class ZMQInbox: @unchecked Sendable {
         /// Set while the inbox is scheduled: makes the loop drain on its next pass.
         var wake: (@Sendable () -> Void)?
 
+        /// Drops the events waiting for `close`. A bind that fails (`EADDRINUSE`) has made a
+        /// listener and closed it, and its ZMQ_EVENT_CLOSED is queued by the time `zmq_bind`
+        /// returns: left there, it would end `close`'s wait for a listener that is still open.
+        func discardClosedEvents() {
+            while (try? closedEvents?.receiveFrame { _, _ in }) == true {}
+        }
+
         /// Unbinds every endpoint and waits until its listener is closed, then closes the
         /// socket and releases the claims; idempotent.
         mutating func close() {
@@ -212,6 +219,7 @@ final class ZMQInbox: @unchecked Sendable {
                 try socket.bind(endpoint.description)
             } catch {
                 claim?.release()
+                io.discardClosedEvents()
                 throw error
             }
             if let claim {

@@ -15,10 +15,12 @@ private let monitorCounter = Atomic<UInt64>(0)
 final class ZMQMonitor: @unchecked Sendable {
     /// The events a connection watches.
     static let watchedEvents = ZMQMonitorEvent.handshakeSucceeded | ZMQMonitorEvent.disconnected
-        | ZMQMonitorEvent.handshakeFailed | ZMQMonitorEvent.monitorStopped
+        | ZMQMonitorEvent.handshakeRefused | ZMQMonitorEvent.monitorStopped
 
     private let socket: ZMQSocket
     private var source: PKDescriptorSource?
+    /// Reads the reader when `source` could not be added to the loop.
+    private var timer: PKTimer?
     private var handler: (@Sendable (Int32) -> Void)?
 
     /// Starts monitoring `monitored`: connects a PAIR to its monitor endpoint, then binds that
@@ -57,14 +59,21 @@ final class ZMQMonitor: @unchecked Sendable {
         let source = PKDescriptorSource(descriptor: socket.pollDescriptor, events: .readable) { _ in self.drain() }
         do throws(PKError) {
             try PKRunLoop.current.add(source, forMode: .common)
+            self.source = source
         } catch {
-            Logger(label: "PortKitZeroMQ").error("cannot watch a ZeroMQ socket monitor: \(error)")
-            socket.close()
-            return
+            // The reader stays (monitoring runs: libzmq's next event for a reader that is gone
+            // would block its I/O thread or reaper for good, libzmq issue #3575) and is read on
+            // a timer instead, which needs no descriptor and no epoll entry of its own.
+            Logger(label: "PortKitZeroMQ").error("cannot watch a ZeroMQ socket monitor (\(error)): reading it every \(Self.pollInterval) instead")
+            let timer = PKTimer(fireDate: .after(Self.pollInterval), interval: Self.pollInterval) { _ in self.drain() }
+            PKRunLoop.current.add(timer, forMode: .common)
+            self.timer = timer
         }
-        self.source = source
         drain()
     }
+
+    /// How often a reader that the loop cannot watch is read.
+    static let pollInterval = Duration.milliseconds(100)
 
     /// The edge rule: read events until `ZMQ_EVENTS` shows no input.
     private func drain() {
@@ -92,6 +101,8 @@ final class ZMQMonitor: @unchecked Sendable {
     private func stop() {
         source?.invalidate()
         source = nil
+        timer?.invalidate()
+        timer = nil
         handler = nil
         socket.close()
     }

@@ -3,6 +3,7 @@
 // heartbeats at each bind and connect), set in one place.
 
 import PortKit
+import Synchronization
 
 extension ZMQSocket {
     /// A PULL socket for a receive port: `ZMQ_MAXMSGSIZE` from the largest frame the limits
@@ -20,6 +21,10 @@ extension ZMQSocket {
     /// delivering the messages already queued: a send that succeeded is never dropped just
     /// because its right was released. A dead connection closes with linger 0.
     static let closingLinger: Int32 = 2000
+
+    /// `ZMQ_HANDSHAKE_IVL` toward `tcp://` (milliseconds): libzmq's default, 30 s. The tests
+    /// shorten it.
+    static let handshakeMilliseconds = Atomic<Int32>(30_000)
 
     /// A PUSH socket for the connection behind send rights: `ZMQ_SNDHWM` from
     /// `maxQueuedMessages`, `ZMQ_IMMEDIATE` (a message waits for a live connection instead of
@@ -41,8 +46,14 @@ extension ZMQSocket {
     /// host: its kernel reports its death at once, and a stopped local process is alive, as
     /// with PortKit's Unix-socket ports. A pending heartbeat timer would also make libzmq's I/O
     /// thread sleep with a timeout, a kernel timer armed and cancelled at every wake-up.
+    ///
+    /// The handshake's time limit (`ZMQ_HANDSHAKE_IVL`) likewise: `handshakeMilliseconds` toward
+    /// `tcp://`, none toward `ipc://`, where a peer stopped before it greets is alive too (with
+    /// libzmq's 30 s, its connection was dropped and made again every 30 s).
     func setHeartbeats(toward endpoint: ZMQEndpoint) throws(PKError) {
         let heartbeat: PKZMQHeartbeat? = if case .tcp = endpoint { PKZMQTransport.heartbeat } else { nil }
+        let handshake: Int32 = if case .tcp = endpoint { Self.handshakeMilliseconds.load(ordering: .relaxed) } else { 0 }
+        try setOption(ZMQOption.handshakeInterval, handshake)
         try setOption(ZMQOption.heartbeatInterval, heartbeat?.intervalMilliseconds ?? 0)
         try setOption(ZMQOption.heartbeatTimeout, heartbeat?.timeoutMilliseconds ?? 0)
         try setOption(ZMQOption.heartbeatTTL, heartbeat?.ttlMilliseconds ?? 0)

@@ -359,6 +359,7 @@ enum ZMQOption {
     static let heartbeatTTL = ZMQ_HEARTBEAT_TTL
     static let reconnectInterval = ZMQ_RECONNECT_IVL
     static let reconnectIntervalMax = ZMQ_RECONNECT_IVL_MAX
+    static let handshakeInterval = ZMQ_HANDSHAKE_IVL
 }
 
 /// The monitor events the transport reads (`zmq_socket_monitor(3)`).
@@ -371,6 +372,9 @@ enum ZMQMonitorEvent {
     static let handshakeFailedNoDetail = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
     static let handshakeFailedProtocol = ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
     static let handshakeFailedAuth = ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
-    static let handshakeFailed = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
+    /// The handshake failures that show the peer is not a PortKit port (its greeting, socket
+    /// type or security refused). `handshakeFailedNoDetail` (a timeout, a connection lost during
+    /// the handshake) says nothing of the peer: libzmq reconnects.
+    static let handshakeRefused = ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
 }
 #endif
