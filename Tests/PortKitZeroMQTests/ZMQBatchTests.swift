@@ -341,36 +341,5 @@ import PortKit
         }
     }
 
-    /// A send waits for the connection's lock only until its own deadline: another thread's
-    /// send holds the lock while it waits (here for a connection never made, until a deadline
-    /// far off), and a send with a short deadline throws `.sendTimedOut` while the other still
-    /// waits. It used to wait for the lock with no deadline, until the other gave up (or for
-    /// ever, behind a send to `.distantFuture`).
-    @Test func aSendDoesNotWaitForTheLockPastItsDeadline() throws {
-        let directory = TemporaryDirectory()
-        let connection = try ZMQConnection(endpoint: ZMQEndpoint(parsing: directory.endpoint("nobody")))
-        @Sendable func send(before deadline: PKDeadline) throws(PKError) {
-            let size = try ZMQMessageEncoder.measureData(byteCount: 0, limits: ZMQWireLimits(.default))
-            try connection.send(byteCount: size, before: deadline) { frame in
-                ZMQMessageEncoder.writeData(msgid: 1, destination: 0, UnsafeRawBufferPointer(start: nil, count: 0), into: frame)
-            }
-        }
-        let holder = Locked<PKError.Code?>(nil)
-        Thread {
-            do throws(PKError) { try send(before: .after(.seconds(60))) } catch { holder.value = error.code }
-        }.start()
-        try waitUntil("the first send to hold the lock", timeout: patience(.seconds(10))) { connection.isSendingLocked }
-        do throws(PKError) {
-            try send(before: .after(.milliseconds(100)))
-            Issue.record("a send to an endpoint nobody bound succeeded")
-        } catch {
-            #expect(error.code == .sendTimedOut, "\(error)")
-        }
-        #expect(holder.value == nil, "the first send ended before the second returned")
-        // Ends the first send (`.invalidPort`), so that no thread is left waiting.
-        connection.die("the test is over")
-        try waitUntil("the first send to end", timeout: patience(.seconds(10))) { holder.value != nil }
-        #expect(holder.value == .invalidPort)
-    }
 }
 #endif

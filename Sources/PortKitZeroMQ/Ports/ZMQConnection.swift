@@ -29,9 +29,8 @@ private let connectionLogger = Logger(label: "PortKitZeroMQ.ZMQConnection")
 final class ZMQConnection: @unchecked Sendable {
     let endpoint: ZMQEndpoint
     /// The PUSH socket (nil once the connection is dead or closed at exit) and the batch being
-    /// filled. Held for a whole send, waits included: another send waits for it only until its
-    /// own deadline (`withSending`).
-    private let sending: ZMQDeadlineMutex<Sending>
+    /// filled. Held for a whole send, waits included.
+    private let sending: ZMQMutex<Sending>
     /// Wakes a send that waits for room when the connection dies.
     private let interrupt: InterruptSignal
     private let state = ZMQMutex<State>(State())
@@ -100,7 +99,7 @@ final class ZMQConnection: @unchecked Sendable {
             push.close()
             throw error
         }
-        sending = ZMQDeadlineMutex(Sending(socket: push))
+        sending = ZMQMutex(Sending(socket: push))
         // The flusher's thread is made now, if it is not yet, not later under the lock.
         _ = PKRunLoop.hasFlusher
         monitor.start { [weak self] event in self?.monitorReported(event) }
@@ -130,7 +129,7 @@ final class ZMQConnection: @unchecked Sendable {
             // Too large for a batch: its frame is made before the lock, and goes after the open
             // batch.
             var frame = try ZMQOutgoingFrame(byteCount: byteCount, write)
-            try withSending(before: deadline) { sending throws(PKError) in
+            try sending.withLock { sending throws(PKError) in
                 try checkOpen(sending)
                 try flush(&sending, before: deadline)
                 let start = PKDeadline.now.uptimeNanoseconds
@@ -139,7 +138,7 @@ final class ZMQConnection: @unchecked Sendable {
             }
             return
         }
-        let flushNeeded = try withSending(before: deadline) { sending throws(PKError) -> Bool in
+        let flushNeeded = try sending.withLock { sending throws(PKError) -> Bool in
             try checkOpen(sending)
             if sending.batch.count == 0 {
                 // The clock is read only when no batch is open: while one is, a message joins it.
@@ -165,20 +164,6 @@ final class ZMQConnection: @unchecked Sendable {
             return true
         }
         if flushNeeded { queueFlush() }
-    }
-
-    /// Runs `body` under the sending lock, waiting for it until `deadline`: another thread's
-    /// send may hold it while it waits for room until a later deadline of its own.
-    ///
-    /// - Throws: `.sendTimedOut` if the lock stayed taken until `deadline` (nothing was sent),
-    ///   or what `body` throws.
-    private func withSending<Result>(
-        before deadline: PKDeadline, _ body: (inout sending Sending) throws(PKError) -> sending Result
-    ) throws(PKError) -> Result {
-        guard let result = try sending.withLock(before: deadline, body) else {
-            throw PKError(.sendTimedOut, "another thread's send to \(endpoint) held the connection until the send deadline; nothing was sent")
-        }
-        return result
     }
 
     /// Throws if the connection is dead or was closed at the process's exit.
@@ -276,10 +261,6 @@ final class ZMQConnection: @unchecked Sendable {
     func pauseFlusher() {
         sending.withLock { $0.flusherPaused = true }
     }
-
-    /// Tests: whether a thread holds the sending lock now (a send waiting for room or for the
-    /// connection holds it).
-    var isSendingLocked: Bool { sending.withLockIfAvailable { _ in } == nil }
 
     /// Tests: the flusher sends the open batch, and the ones after it, as usual.
     func resumeFlusher() {
