@@ -9,21 +9,33 @@ public final class PKInvalidationWatch: @unchecked Sendable {
     /// The watch's own duplicate of the connection's descriptor, closed when the watch ends.
     private var descriptor: Int32?
     private let localToken: (PKReceivePort, Int)?
+    /// For an in-process right: closed by `cancel()`. The port's report of its death (or the
+    /// right's) is a block queued on the loop, which may be on its way when the watch is
+    /// cancelled; it looks here first.
+    private let gate: Gate?
+
+    /// Whether a watch was cancelled. Loop-only.
+    final class Gate: @unchecked Sendable {
+        var isOpen = true
+    }
 
     init(source: PKDescriptorSource, connection: SendConnection, descriptor: Int32) {
         self.source = source
         self.connection = connection
         self.descriptor = descriptor
         self.localToken = nil
+        self.gate = nil
     }
 
-    init(port: PKReceivePort, token: Int) {
+    init(port: PKReceivePort, token: Int, gate: Gate) {
         self.localToken = (port, token)
+        self.gate = gate
     }
 
     /// Stops watching; the handler will not be called. Loop-only.
     public func cancel() {
         fired()
+        gate?.isOpen = false
         if let (port, token) = localToken { port.removeInvalidationWatcher(token) }
     }
 
@@ -54,12 +66,14 @@ extension PKSendPort {
     ) throws(PKError) -> PKInvalidationWatch {
         switch storage {
         case .local(let port):
-            let token = port.addInvalidationWatcher(loop: loop, mode: mode, handler)
-            return PKInvalidationWatch(port: port, token: token)
+            let gate = PKInvalidationWatch.Gate()
+            let token = port.addInvalidationWatcher(loop: loop, mode: mode, { if gate.isOpen { handler() } })
+            return PKInvalidationWatch(port: port, token: token, gate: gate)
         case .localRight(let right):
             // The port's death, or this right's own invalidation (which the port reports too).
-            let token = right.port.addInvalidationWatcher(loop: loop, mode: mode, handler, right: right)
-            return PKInvalidationWatch(port: right.port, token: token)
+            let gate = PKInvalidationWatch.Gate()
+            let token = right.port.addInvalidationWatcher(loop: loop, mode: mode, { if gate.isOpen { handler() } }, right: right)
+            return PKInvalidationWatch(port: right.port, token: token, gate: gate)
         case .connection, .reply:
             // A loop's epoll registers a descriptor once: each watch (several watches, or a
             // watch and a request's, on one right) watches a duplicate of its own.

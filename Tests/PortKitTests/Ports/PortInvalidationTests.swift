@@ -650,6 +650,30 @@ import Testing
         }
     }
 
+    /// A watch on an in-process right cancelled after the right (or its port) became invalid
+    /// but before the loop ran the report: the handler is not called, as `cancel()` promises.
+    /// (The report, already queued on the loop, called it: a handler that reached its owner
+    /// `unowned`, cancelled in the owner's deinit, trapped.)
+    @Test func aWatchCancelledWhileItsReportIsQueuedDoesNotFire() throws {
+        try onPortLoopThread { loop in
+            let port = PKReceivePort()
+            try loop.add(port, forMode: .default)
+            var fired: [String] = []
+            // A right of its own (as one received in a message), whose invalidation is reported
+            // to its watch; and the port's shared one, whose watch the port's death reports.
+            let right = PKSendPort(localRight: LocalRight(port: port))
+            let other = port.makeSendRight()
+            let watch = try right.watchInvalidation(on: loop) { fired.append("right") }
+            let portWatch = try other.watchInvalidation(on: loop) { fired.append("port") }
+            right.invalidate()
+            watch.cancel()
+            port.invalidate()
+            portWatch.cancel()
+            runLoop(loop, for: .milliseconds(20))
+            #expect(fired.isEmpty)
+        }
+    }
+
     // MARK: - No SIGPIPE
 
     /// Sending to a port whose receive side was invalidated fails with `.invalidPort`, in this
