@@ -580,17 +580,33 @@ final class SendConnection: @unchecked Sendable {
     /// Writes every pending byte, waiting for room until the latest of their sends' deadlines
     /// (at most `finalFlushPatience`); a flush that cannot finish by then closes the
     /// connection. For a thread or a process that ends with bytes pending. Safe from any thread.
+    ///
+    /// It waits for room without the lock, as a send does: held, the lock stopped every other
+    /// thread's send on the connection (whatever its deadline), `isValid`, and the flusher,
+    /// which serves every connection of the process, for up to `finalFlushPatience`.
     func flushPending() {
-        lock.withLock { state in
-            // This ends any loop's duty to flush: the next pending bytes arrange a new one.
-            endFlushDuty(&state)
-            guard !state.pending.isEmpty, state.invalidReason == nil else { return }
-            let deadline = min(state.pendingDeadline, .after(Self.finalFlushPatience))
-            do throws(PKError) {
-                if try !flushLocked(&state, until: deadline, failOnTimeout: false) {
-                    markInvalid(&state, "frames sent earlier could not be written before their deadline")
+        var deadline: PKDeadline?
+        while true {
+            let waitUntil: PKDeadline? = lock.withLock { state in
+                // This ends any loop's duty to flush: the next pending bytes arrange a new one.
+                if deadline == nil { endFlushDuty(&state) }
+                guard !state.pending.isEmpty, state.invalidReason == nil else { return nil }
+                let until = deadline ?? min(state.pendingDeadline, .after(Self.finalFlushPatience))
+                do throws(PKError) {
+                    if try flushLocked(&state, until: .distantPast, failOnTimeout: false) { return nil }
+                } catch {
+                    return nil  // the connection broke (it is marked invalid)
                 }
-            } catch {}
+                guard !until.hasPassed else {
+                    markInvalid(&state, "frames sent earlier could not be written before their deadline")
+                    return nil
+                }
+                return until
+            }
+            guard let waitUntil else { return }
+            deadline = waitUntil
+            // A hang-up or an error is learnt by the next write.
+            _ = try? Socket.waitWritable(fd, until: waitUntil)
         }
     }
 

@@ -57,6 +57,41 @@ import Testing
         #expect(result == "ok")
     }
 
+    /// A right whose receiver reads nothing is invalidated on one thread, which waits for room
+    /// for the bytes pending (what was sent first goes out first); meanwhile another thread
+    /// asks the right whether it is valid: the answer comes at once, while the invalidation
+    /// still waits. (It waited holding the connection's lock: every other use of the right,
+    /// and the flusher, which serves every connection of the process, waited with it, up to
+    /// five seconds.)
+    @Test func anInvalidationWaitingForRoomHoldsUpNoOneElse() throws {
+        let (readEnd, writeEnd) = try Socket.pair()
+        var readerOpen = true
+        defer { if readerOpen { Descriptor.close(readEnd) } }
+        // The socket is full before the right's first frame, which waits in its pending bytes.
+        let junk = [UInt8](repeating: 0, count: 4096)
+        while junk.withUnsafeBytes({ Glibc.send(writeEnd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }) > 0 {}
+        let right = PKSendPort(connection: SendConnection(takingOwnershipOf: writeEnd))
+        try right.send(PKPortMessage(msgid: 1, data: [1, 2, 3]), timeout: .seconds(20))
+        let invalidator = Locked<Int32>(0)
+        let invalidated = Locked(false)
+        let thread = TestThread(name: "invalidator") {
+            invalidator.value = currentThreadID
+            right.invalidate()
+            invalidated.value = true
+        }
+        // Its wait for room: poll(2), system call 7.
+        try waitPatiently("the invalidation to wait for room") {
+            invalidator.value != 0 && (try? String(contentsOfFile: "/proc/self/task/\(invalidator.value)/syscall", encoding: .utf8))?.hasPrefix("7 ") == true
+        }
+        _ = right.isValid
+        #expect(!invalidated.value, "isValid waited for the invalidation's wait for room")
+        // The reader goes: the invalidation learns it and ends.
+        Descriptor.close(readEnd)
+        readerOpen = false
+        try thread.joinPatiently()
+        #expect(!right.isValid)
+    }
+
     private static func frame(_ sender: Int, _ seq: UInt32, size: Int) -> PKPortMessage {
         PKPortMessage(msgid: UInt32(sender) << 24 | seq, data: [UInt8](repeating: UInt8(truncatingIfNeeded: seq), count: size))
     }
