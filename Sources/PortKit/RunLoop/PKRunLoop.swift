@@ -465,6 +465,7 @@ public final class PKRunLoop: @unchecked Sendable {
         defer {
             if !pendingWrites.isEmpty { flushPendingWrites() }
             runDepth -= 1
+            if runDepth == 0 && !blockedWrites.isEmpty { handBlockedWritesToFlusher() }
             currentRecord = previous
             // A nested run may have deferred signalled sources of the outer mode: the hint
             // makes the outer pass look at them before it sleeps. (Descriptor sources it parked
@@ -1137,6 +1138,22 @@ public final class PKRunLoop: @unchecked Sendable {
         for (fd, _) in blockedWrites { Epoll.remove(epollDescriptor.load(ordering: .acquiring), fd) }
         blockedWrites = [:]
         for connection in connections { connection.flushPending() }
+    }
+
+    /// The outermost run ends with connections whose bytes wait for room: the thread may not
+    /// run its loop again for a long while (it waits on something else), and another thread's
+    /// send to one of them only adds to its pending bytes, counting on this loop to write them.
+    /// The flusher watches them instead. Loop-only; out of line (a run's rare step).
+    @inline(never)
+    private func handBlockedWritesToFlusher() {
+        guard let flusher = PKRunLoop.flusher, flusher !== self else { return }
+        let epoll = epollDescriptor.load(ordering: .acquiring)
+        let connections = Array(blockedWrites.values)
+        for fd in blockedWrites.keys { Epoll.remove(epoll, fd) }
+        blockedWrites = [:]
+        for connection in connections {
+            flusher.perform { flusher.flushPendingWrites(of: connection) }
+        }
     }
 
     private func watchForRoom(_ connection: SendConnection) {

@@ -92,6 +92,51 @@ import Testing
         #expect(!right.isValid)
     }
 
+    /// A loop's run leaves a frame waiting for room on a connection whose receiver is behind,
+    /// then its thread stops running the loop (it waits on something else); another thread sends
+    /// on the same right. Once the receiver reads, both frames arrive. (The waiting connection
+    /// stayed with the loop that no longer ran, and the other thread's frame joined its pending
+    /// bytes, counting on that loop: neither went out until the loop ran again.)
+    @Test func framesLeftByALoopThatStopsRunningStillGoOut() throws {
+        let (readEnd, writeEnd) = try Socket.pair()
+        defer { Descriptor.close(readEnd) }
+        var junkBytes = 0
+        let junk = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let sent = junk.withUnsafeBytes { Glibc.send(writeEnd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+            guard sent > 0 else { break }
+            junkBytes += sent
+        }
+        let right = PKSendPort(connection: SendConnection(takingOwnershipOf: writeEnd))
+        let payload = 1000
+        let sentInRun = Locked(false)
+        let release = Locked(false)
+        let owner = TestThread(name: "stops-running") {
+            let loop = PKRunLoop.current
+            let keeper = PKCustomSource {}
+            loop.add(keeper, forMode: .default)
+            loop.perform { sentInRun.value = (try? right.send(PKPortMessage(msgid: 1, data: [UInt8](repeating: 1, count: payload)), timeout: .seconds(30))) != nil }
+            loop.runOnce(in: .default, before: .after(patience(.seconds(10))))
+            // The loop is not run again until the test is over.
+            try? waitPatiently("the test", timeout: .seconds(30)) { release.value }
+            keeper.invalidate()
+        }
+        defer {
+            release.value = true
+            try? owner.joinPatiently()
+        }
+        try waitPatiently("the send in the loop's run") { sentInRun.value }
+        try right.send(PKPortMessage(msgid: 2, data: [UInt8](repeating: 2, count: payload)), timeout: .seconds(30))
+        // The receiver reads: the junk, then both frames (their payloads at least).
+        var received = 0
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        try waitPatiently("both frames", timeout: .seconds(20)) {
+            let got = buffer.withUnsafeMutableBytes { Glibc.recv(readEnd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+            if got > 0 { received += got }
+            return received >= junkBytes + 2 * payload
+        }
+    }
+
     private static func frame(_ sender: Int, _ seq: UInt32, size: Int) -> PKPortMessage {
         PKPortMessage(msgid: UInt32(sender) << 24 | seq, data: [UInt8](repeating: UInt8(truncatingIfNeeded: seq), count: size))
     }
