@@ -91,6 +91,12 @@ public final class PKRunLoop: @unchecked Sendable {
     /// purges a mode only when something in it may have been invalidated.
     private let invalidations = Atomic<UInt64>(0)
     private let stopRequested = Atomic<Bool>(false)
+    /// Set under `performQueue`'s lock when the thread's end takes the queue for the last time:
+    /// housekeeping runs at once from then on.
+    @exclusivity(unchecked) private nonisolated(unsafe) var housekeepingClosed = false
+    /// Private runs (`runPrivately`) in progress: housekeeping waits for their end, as it may
+    /// call a port's `onInvalidation`, which a request's or a check-in's wait must not run.
+    @exclusivity(unchecked) private var privateRuns = 0
     /// Blocks given to `perform` (`modes` nil: `performHousekeeping`'s, for any mode).
     private let performQueue = PKMutex<[(modes: [PKRunLoopMode]?, block: @Sendable () -> Void)]>([])
     private let performCount = Atomic<Int>(0)
@@ -410,10 +416,11 @@ public final class PKRunLoop: @unchecked Sendable {
     /// would wait for, and a block still queued when the thread ends runs rather than being
     /// dropped. Such a block is not a handled source. Safe from any thread.
     package func performHousekeeping(_ block: @escaping @Sendable () -> Void) {
-        // Looked at under the queue's lock: the thread's end takes the queue under it too,
-        // after setting `ended`, so a block is either taken there or sees the end here.
+        // Looked at under the queue's lock: the thread's end takes the queue under it too, once
+        // every item has left the loop, and closes it; a block is either taken there or runs
+        // here after that teardown.
         let queued = performQueue.withLock { queue -> Bool in
-            guard !threadEnded else { return false }
+            guard !housekeepingClosed else { return false }
             queue.append((nil, block))
             return true
         }
@@ -547,7 +554,9 @@ public final class PKRunLoop: @unchecked Sendable {
         in mode: PKRunLoopMode, until deadline: PKDeadline, returnAfterSourceHandled: Bool
     ) -> PKRunLoopRunResult {
         let hostRecord = armedRecord
+        privateRuns += 1
         let result = run(in: mode, until: deadline, returnAfterSourceHandled: returnAfterSourceHandled)
+        privateRuns -= 1
         if result == .stopped { stop() }
         guard currentRecord == nil else { return result }
         // (Hosted may have begun during the run: a handler read `descriptor`.)
@@ -854,10 +863,8 @@ public final class PKRunLoop: @unchecked Sendable {
         let runnable: [@Sendable () -> Void] = performQueue.withLock { queue in
             var taken: [@Sendable () -> Void] = []
             queue.removeAll { item in
-                if let modes = item.modes {
-                    guard modesMatch(modes, mode) else { return false }
-                    handled = true
-                }
+                guard modesMatch(item.modes, mode) else { return false }
+                if item.modes != nil { handled = true }
                 taken.append(item.block)
                 return true
             }
@@ -869,9 +876,9 @@ public final class PKRunLoop: @unchecked Sendable {
         return handled
     }
 
-    /// Whether a block queued for `modes` (`nil`: any mode) runs in `mode`.
+    /// Whether a block queued for `modes` (`nil`: any mode, outside private runs) runs in `mode`.
     private func modesMatch(_ modes: [PKRunLoopMode]?, _ mode: PKRunLoopMode) -> Bool {
-        guard let modes else { return true }
+        guard let modes else { return privateRuns == 0 }
         return modes.contains { $0 == mode || ($0 == .common && commonModes.contains(mode)) }
     }
 
@@ -1223,7 +1230,10 @@ public final class PKRunLoop: @unchecked Sendable {
         var signalled: [PKCustomSource] = []
         doorbell.signalledQueue.withLock { swap(&signalled, &$0) }
         var blocks: [(modes: [PKRunLoopMode]?, block: @Sendable () -> Void)] = []
-        performQueue.withLock { swap(&blocks, &$0) }
+        performQueue.withLock { queue in
+            swap(&blocks, &queue)
+            housekeepingClosed = true
+        }
         performCount.subtract(blocks.count, ordering: .releasing)
         signalled = []
         // Housekeeping runs (it closes what would otherwise leak); `perform` blocks are dropped.

@@ -90,7 +90,7 @@ final class ZMQConnection: @unchecked Sendable {
         self.endpoint = endpoint
         interrupt = try InterruptSignal()
         let push = try ZMQSocket.sending(limits: limits)
-        try push.setHeartbeats(toward: endpoint)
+        try push.setHeartbeats(toward: endpoint, connecting: true)
         let monitor = try ZMQMonitor(monitoring: push)
         // From here the monitor runs: a failure stops it before its reader goes (see
         // `ZMQMonitor.init`), or closing `push` would hang libzmq's reaper thread.
@@ -216,7 +216,8 @@ final class ZMQConnection: @unchecked Sendable {
     /// later (`Sending.nextRetry`: the receiver is behind, and the batch waits for it as a full
     /// socket's messages do). It never waits for the lock: a sender may hold it while it waits
     /// for room, maybe for ever, and the flusher serves every connection; it tries again after
-    /// `lockRetry`, twice as long each time the lock is taken, up to 64 ms, as for a full queue.
+    /// `lockRetry`, twice as long each time the lock is taken, up to 4 ms (a batch's last
+    /// messages wait that long at most for a lock a stream's sender takes again and again).
     /// A batch of a connection that died is dropped with it.
     private func flushQueuedBatch(lockRetry: Duration = .milliseconds(1)) {
         enum Outcome { case done, again(Duration), locked, lost(messages: Int, PKError) }
@@ -243,7 +244,7 @@ final class ZMQConnection: @unchecked Sendable {
         case .again(let delay):
             PKRunLoop.current.scheduleTimer(after: delay, forMode: .common) { [self] _ in flushQueuedBatch() }
         case .locked:
-            let next = min(lockRetry * 2, .milliseconds(64))
+            let next = min(lockRetry * 2, .milliseconds(4))
             PKRunLoop.current.scheduleTimer(after: lockRetry, forMode: .common) { [self] _ in flushQueuedBatch(lockRetry: next) }
         case .lost(let messages, let error):
             connectionLogger.error("a batch of \(messages) messages to \(endpoint) was lost: \(error)")

@@ -47,12 +47,14 @@ extension ZMQSocket {
     /// with PortKit's Unix-socket ports. A pending heartbeat timer would also make libzmq's I/O
     /// thread sleep with a timeout, a kernel timer armed and cancelled at every wake-up.
     ///
-    /// The handshake's time limit (`ZMQ_HANDSHAKE_IVL`) likewise: `handshakeMilliseconds` toward
-    /// `tcp://`, none toward `ipc://`, where a peer stopped before it greets is alive too (with
-    /// libzmq's 30 s, its connection was dropped and made again every 30 s).
-    func setHeartbeats(toward endpoint: ZMQEndpoint) throws(PKError) {
+    /// The handshake's time limit (`ZMQ_HANDSHAKE_IVL`) likewise, for a connection (`connecting`):
+    /// `handshakeMilliseconds` toward `tcp://`, none toward `ipc://`, where a peer stopped before
+    /// it greets is alive too (with libzmq's 30 s, its connection was dropped and made again
+    /// every 30 s). A bound socket keeps the limit: a local client that connects and never
+    /// greets does not keep its session for good.
+    func setHeartbeats(toward endpoint: ZMQEndpoint, connecting: Bool = false) throws(PKError) {
         let heartbeat: PKZMQHeartbeat? = if case .tcp = endpoint { PKZMQTransport.heartbeat } else { nil }
-        let handshake: Int32 = if case .tcp = endpoint { Self.handshakeMilliseconds.load(ordering: .relaxed) } else { 0 }
+        let handshake: Int32 = if case .ipc = endpoint, connecting { 0 } else { Self.handshakeMilliseconds.load(ordering: .relaxed) }
         try setOption(ZMQOption.handshakeInterval, handshake)
         try setOption(ZMQOption.heartbeatInterval, heartbeat?.intervalMilliseconds ?? 0)
         try setOption(ZMQOption.heartbeatTimeout, heartbeat?.timeoutMilliseconds ?? 0)

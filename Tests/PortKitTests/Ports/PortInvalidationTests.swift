@@ -461,6 +461,32 @@ import Testing
         }
     }
 
+    /// A port in no mode is invalidated from another thread while its loop waits for a
+    /// request's reply: `onInvalidation` runs after the wait, not inside it (the wait's private
+    /// mode runs nothing of the caller's). (The clean-up's block ran in the wait's first pass.)
+    @Test func anInvalidationOfAPortInNoModeWaitsForARequestToEnd() throws {
+        try onPortLoopThread { loop in
+            let log = Log()
+            let port = PKReceivePort()
+            port.onInvalidation = { log.add("invalidated") }
+            try loop.add(port, forMode: .default)
+            loop.remove(port, forMode: .default)
+            let target = UncheckedBox(port)
+            let server = try PortServer { serverPort, _ in
+                serverPort.handler = { message in
+                    target.value.invalidate()
+                    try? message.replyPort?.send(PKPortMessage(msgid: 2), timeout: .seconds(5))
+                }
+            }
+            defer { try? server.stop() }
+            let reply = try server.right.sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(20)))
+            #expect(reply?.msgid == 2)
+            #expect(log.value.isEmpty, "onInvalidation ran inside the request's wait")
+            try runOtherMode(loop, "the invalidation") { !log.value.isEmpty }
+            #expect(log.value == ["invalidated"])
+        }
+    }
+
     /// Invalidated from another thread while in its mode; removed from it before the loop runs
     /// that mode again: the removal finishes the invalidation.
     @Test func aPortInvalidatedElsewhereThenRemovedFromItsModeIsFinished() throws {
