@@ -93,7 +93,7 @@ public final class PKRunLoop: @unchecked Sendable {
     private let stopRequested = Atomic<Bool>(false)
     /// Set under `performQueue`'s lock when the thread's end takes the queue for the last time:
     /// housekeeping runs at once from then on.
-    @exclusivity(unchecked) private nonisolated(unsafe) var housekeepingClosed = false
+    @exclusivity(unchecked) private var housekeepingClosed = false
     /// Private runs (`runPrivately`) in progress: housekeeping waits for their end, as it may
     /// call a port's `onInvalidation`, which a request's or a check-in's wait must not run.
     @exclusivity(unchecked) private var privateRuns = 0
@@ -409,9 +409,9 @@ public final class PKRunLoop: @unchecked Sendable {
         wakeUp()
     }
 
-    /// Runs `block` on the loop's thread at its next pass in whatever mode, or in an empty
-    /// mode's run, or when the thread ends; on the calling thread at once if the thread has
-    /// ended. PortKit's own clean-up of items in no mode (a port released or invalidated on
+    /// Runs `block` on the loop's thread at its next pass in whatever mode (outside private
+    /// runs: a request's or a check-in's wait), or in an empty mode's run, or when the thread
+    /// ends; on the calling thread at once if the thread has ended. PortKit's own clean-up of items in no mode (a port released or invalidated on
     /// another thread after it left its modes): the loop may never run the modes a `perform`
     /// would wait for, and a block still queued when the thread ends runs rather than being
     /// dropped. Such a block is not a handled source. Safe from any thread.
@@ -1140,11 +1140,17 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Flushes pending bytes, waiting for room, when the thread (or, from `exit`, the
     /// process) ends. Loop-only.
     func flushPendingWritesFinally() {
-        let connections = pendingWrites + Array(blockedWrites.values)
+        let connections = pendingWrites + takeBlockedWrites()
         pendingWrites = []
-        for (fd, _) in blockedWrites { Epoll.remove(epollDescriptor.load(ordering: .acquiring), fd) }
-        blockedWrites = [:]
         for connection in connections { connection.flushPending() }
+    }
+
+    /// The connections watched for room, no longer watched. Loop-only.
+    private func takeBlockedWrites() -> [SendConnection] {
+        let epoll = epollDescriptor.load(ordering: .acquiring)
+        for fd in blockedWrites.keys { Epoll.remove(epoll, fd) }
+        defer { blockedWrites = [:] }
+        return Array(blockedWrites.values)
     }
 
     /// The outermost run ends with connections whose bytes wait for room: the thread may not
@@ -1154,11 +1160,7 @@ public final class PKRunLoop: @unchecked Sendable {
     @inline(never)
     private func handBlockedWritesToFlusher() {
         guard let flusher = PKRunLoop.flusher, flusher !== self else { return }
-        let epoll = epollDescriptor.load(ordering: .acquiring)
-        let connections = Array(blockedWrites.values)
-        for fd in blockedWrites.keys { Epoll.remove(epoll, fd) }
-        blockedWrites = [:]
-        for connection in connections {
+        for connection in takeBlockedWrites() {
             flusher.perform { flusher.flushPendingWrites(of: connection) }
         }
     }

@@ -99,12 +99,11 @@ final class ZMQInbox: @unchecked Sendable {
         }
     }
 
-    /// The socket and its claims, under one lock; a class so that a close
-    /// deferred to the loop's thread can hold it after the inbox is gone.
+    /// The socket and its claims, under one lock, and the storage `heldFrame` receives into.
     private final class LockedIO: Sendable {
         let mutex: ZMQMutex<IO>
         /// The storage of the inbox's `heldFrame` (which releases its frame when the inbox
-        /// closes); freed here, since this outlives the inbox when a close is deferred to the loop.
+        /// closes), freed with the inbox.
         let frameStorage: ZMQFrameStorage
         init(_ io: consuming sending IO, frameStorage: ZMQFrameStorage) {
             mutex = ZMQMutex(io)
@@ -287,21 +286,18 @@ final class ZMQInbox: @unchecked Sendable {
         onMessages = ZMQInbox.dropAll
         onViolation = { _ in }
         onCancel = {}
-        let io = self.io
-        if let loop, source != nil, !loop.isOwnedByCurrentThread {
-            // The inbox is kept until then: its sources' handlers reach it unowned.
-            loop.performHousekeeping { [self] in
-                source?.invalidate()
-                again?.invalidate()
-                heldFrame.release()
-                io.mutex.withLock { $0.close() }
-            }
-            return
+        // Deferred, it keeps the inbox until it runs: the sources' handlers reach it unowned.
+        let finish: @Sendable () -> Void = { [self] in
+            source?.invalidate()
+            again?.invalidate()
+            heldFrame.release()
+            io.mutex.withLock { $0.close() }
         }
-        source?.invalidate()
-        again?.invalidate()
-        heldFrame.release()
-        io.mutex.withLock { $0.close() }
+        if let loop, source != nil, !loop.isOwnedByCurrentThread {
+            loop.performHousekeeping(finish)
+        } else {
+            finish()
+        }
     }
 
     private func sourcesCancelled() {

@@ -22,7 +22,8 @@ extension ZMQSocket {
     /// because its right was released. A dead connection closes with linger 0.
     static let closingLinger: Int32 = 2000
 
-    /// `ZMQ_HANDSHAKE_IVL` toward `tcp://` (milliseconds): libzmq's default, 30 s. The tests
+    /// `ZMQ_HANDSHAKE_IVL` (milliseconds) of every bind and connection but a connection toward
+    /// `ipc://` (see `setHeartbeats(toward:connecting:)`): libzmq's default, 30 s. The tests
     /// shorten it.
     static let handshakeMilliseconds = Atomic<Int32>(30_000)
 
