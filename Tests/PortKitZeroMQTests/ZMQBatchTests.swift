@@ -26,6 +26,20 @@ import PortKit
         message.data.withUnsafeBytes { Int(UInt32(littleEndian: $0.loadUnaligned(as: UInt32.self))) }
     }
 
+    /// Sends message `index` (1,000 bytes of data) on `connection` itself, not through a right.
+    static func send(_ index: Int, on connection: ZMQConnection, before deadline: PKDeadline) throws(PKError) {
+        let data = numbered(index, size: 1000).data
+        let size = try ZMQMessageEncoder.measureData(byteCount: data.count, limits: ZMQWireLimits(.default))
+        let sent = data.withUnsafeBytes { data in
+            Result { () throws(PKError) in
+                try connection.send(byteCount: size, before: deadline) { frame in
+                    ZMQMessageEncoder.writeData(msgid: 1, destination: 0, data, into: frame)
+                }
+            }
+        }
+        try sent.get()
+    }
+
     /// A send right to `port` whose connection batches every message it can (a window of 1 s),
     /// once connected (a batch is opened only on a connection whose handshake succeeded).
     static func batchingRight(to port: PKZMQReceivePort) throws -> PKZMQSendPort {
@@ -208,16 +222,7 @@ import PortKit
             defer { connection.die("the test is over") }
             connection.setBatchWindow(1_000_000_000)
             func send(_ index: Int, before deadline: PKDeadline) throws(PKError) {
-                let data = Self.numbered(index, size: 1000).data
-                let size = try ZMQMessageEncoder.measureData(byteCount: data.count, limits: ZMQWireLimits(.default))
-                let sent = data.withUnsafeBytes { data in
-                    Result { () throws(PKError) in
-                        try connection.send(byteCount: size, before: deadline) { frame in
-                            ZMQMessageEncoder.writeData(msgid: 1, destination: 0, data, into: frame)
-                        }
-                    }
-                }
-                try sent.get()
+                try Self.send(index, on: connection, before: deadline)
             }
             try send(0, before: .after(.seconds(10)))  // waits for the connection
             // A batch opens only once the handshake is known to have succeeded.
@@ -242,12 +247,58 @@ import PortKit
         }
     }
 
-    /// A sender waiting for room toward a receiver that reads nothing holds its connection's
-    /// lock, and the flusher, which serves every connection, must not wait for that lock:
-    /// another connection's batch goes out meanwhile; once the receiver reads, every message
-    /// its sender sent arrives. (The stalled port is bound over `ipc://`, which has no
-    /// heartbeats: nothing lets the stuck sender through, so a flusher that waited for its lock
-    /// would hold the other batch up for good, past the burst's 20 s.)
+    /// A send waiting for room (its receiver reads nothing) holds up no other thread's send on
+    /// the same connection: that one fails at its own deadline. Once the receiver reads, the
+    /// waiting send goes through, and every message accepted arrives, in order. (A send held
+    /// the connection's lock while it waited for room, so the other waited, whatever its own
+    /// deadline, until the first one's: 60 s here.)
+    @Test func aSendWaitingForRoomHoldsUpNoOtherSend() throws {
+        try onLoopThread { loop in
+            var small = PKPortLimits()
+            small.maxQueuedMessages = 1
+            var indices: [Int] = []
+            let port = try PKZMQReceivePort(bindingTo: "ipc://@portkit-batch-waiter-\(getpid())-\(UInt32.random(in: 0 ... .max))",
+                                            limits: small) { indices.append(Self.index(of: $0)) }
+            defer { port.invalidate() }
+            try loop.add(port, forMode: .default)  // but the loop does not run until the queue is full
+            let connection = try ZMQConnection(endpoint: ZMQEndpoint(parsing: port.endpoint), limits: small)
+            defer { connection.die("the test is over") }
+            connection.setBatchWindow(0)  // every message alone
+            try Self.send(0, on: connection, before: .after(.seconds(10)))  // waits for the connection
+            var accepted = 1
+            while accepted < 100_000 {
+                do throws(PKError) {
+                    try Self.send(accepted, on: connection, before: .after(.milliseconds(50)))
+                    accepted += 1
+                } catch {
+                    #expect(error.code == .sendTimedOut)
+                    break
+                }
+            }
+            #expect(accepted < 100_000, "the receiver's queue never filled")
+            let last = accepted
+            let first = Locked<Result<Void, PKError>?>(nil)
+            Thread { first.value = Result { () throws(PKError) in try Self.send(last, on: connection, before: .after(.seconds(60))) } }.start()
+            try waitUntil("the first send to wait for room") { connection.sendsWaitingForRoom == 1 }
+            let second = Locked<Result<Void, PKError>?>(nil)
+            Thread { second.value = Result { () throws(PKError) in try Self.send(1_000_000, on: connection, before: .after(.milliseconds(200))) } }.start()
+            try waitUntil("the second send to end, at its own deadline") { second.value != nil }
+            if case .failure(let error)? = second.value { #expect(error.code == .sendTimedOut) } else { Issue.record("the second send went through") }
+            #expect(first.value == nil, "the first send was to wait until the receiver reads")
+            // The receiver reads: the first send goes through.
+            try run(loop, until: "the messages accepted", timeout: .seconds(30)) { indices.count > last }
+            try waitUntil("the first send to end") { first.value != nil }
+            #expect(throws: Never.self) { try first.value?.get() }
+            #expect(indices == Array(0...last))
+        }
+    }
+
+    /// A sender waiting for room toward a receiver that reads nothing holds up neither the
+    /// flusher, which serves every connection, nor another connection's batch, which goes out
+    /// meanwhile; once the receiver reads, every message its sender sent arrives. (The stalled
+    /// port is bound over `ipc://`, which has no heartbeats: nothing lets the stuck sender
+    /// through. When that sender's wait held its connection's lock, a flusher that waited for
+    /// the lock would have held the other batch up for good, past the burst's 20 s.)
     @Test func aReceiverThatIsBehindLosesNothingAndOtherConnectionsBatchesStillGo() throws {
         try onLoopThread { loop in
             var small = PKPortLimits()

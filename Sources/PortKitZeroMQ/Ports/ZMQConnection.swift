@@ -1,9 +1,11 @@
 #if ZeroMQ
 // The sending side: one PUSH socket connected to one endpoint, shared by every send right to
 // that endpoint in this process (so a reply port received in many messages costs one
-// connection). Any thread may send: the socket lives under a lock, taken for each whole
-// message, so a message is never interleaved with another thread's (the lock, not a socket per
-// thread: a connection per endpoint and process keeps the order of all messages sent to it).
+// connection). Any thread may send: the socket lives under a lock, taken for each try at a
+// whole message, so a message is never interleaved with another thread's (the lock, not a
+// socket per thread: a connection per endpoint and process keeps the order of all messages
+// sent to it). A send that finds the receiver's queue full waits for room without the lock, so
+// no send waits for another's deadline.
 //
 // Messages sent in a stream go out in batches (protocol.md 10.2): a small message sent less than
 // `ZMQBatch.defaultWindow` after the last one that went alone opens a batch, and the small ones
@@ -29,10 +31,15 @@ private let connectionLogger = Logger(label: "PortKitZeroMQ.ZMQConnection")
 final class ZMQConnection: @unchecked Sendable {
     let endpoint: ZMQEndpoint
     /// The PUSH socket (nil once the connection is dead or closed at exit) and the batch being
-    /// filled. Held for a whole send, waits included.
+    /// filled. Held for one try at a send; never while waiting for room.
     private let sending: ZMQMutex<Sending>
-    /// Wakes a send that waits for room when the connection dies.
+    /// Wakes a send that waits for room when the connection dies (and stays signalled).
     private let interrupt: InterruptSignal
+    /// Wakes the sends that wait for room when another thread's send went through, or the
+    /// socket closed: the news of room (libzmq's commands, which make `ZMQ_FD` readable) may
+    /// have been taken by that send, under the lock, before a waiter's `poll` saw it. A waiter
+    /// drains it, under the lock, before it tries again.
+    private let roomChanged: InterruptSignal
     private let state = ZMQMutex<State>(State())
     /// Set, under `state`'s lock, when `deadReason` is: a live connection answers `deadReason`
     /// (every send asks) with one load instead of a lock.
@@ -62,6 +69,8 @@ final class ZMQConnection: @unchecked Sendable {
         /// Tests: the flusher leaves this connection's batches alone until `resumeFlusher`, so
         /// that only full batches go out and the frames are known.
         var flusherPaused = false
+        /// Sends waiting for room, without the lock (see `roomChanged`).
+        var roomWaiters = 0
 
         /// How soon the flusher tries again after finding the receiver's queue full: 1 ms, twice
         /// as long each time up to 64 ms (a receiver that stays behind costs its sender's flusher
@@ -89,6 +98,7 @@ final class ZMQConnection: @unchecked Sendable {
         }
         self.endpoint = endpoint
         interrupt = try InterruptSignal()
+        roomChanged = try InterruptSignal()
         let push = try ZMQSocket.sending(limits: limits)
         try push.setHeartbeats(toward: endpoint, connecting: true)
         let monitor = try ZMQMonitor(monitoring: push)
@@ -120,7 +130,8 @@ final class ZMQConnection: @unchecked Sendable {
     /// after every message sent before it on this connection. A message that joins a batch
     /// (protocol.md 10.2) is accepted at once: the batch goes when it is full (this send waits
     /// for room for it, until `deadline`) or with the flusher. Any other waits for room, or for
-    /// the connection, until `deadline`.
+    /// the connection, until `deadline`. A wait for room does not hold the lock: other threads'
+    /// sends go on meanwhile, each to its own deadline.
     ///
     /// - Throws: `.invalidPort` (the connection is or became dead, or closed at exit),
     ///   `.sendTimedOut`, `.transport`.
@@ -129,16 +140,19 @@ final class ZMQConnection: @unchecked Sendable {
             // Too large for a batch: its frame is made before the lock, and goes after the open
             // batch.
             var frame = try ZMQOutgoingFrame(byteCount: byteCount, write)
-            try sending.withLock { sending throws(PKError) in
+            _ = try whenThereIsRoom(before: deadline) { sending throws(PKError) -> Bool? in
                 try checkOpen(sending)
-                try flush(&sending, before: deadline)
+                guard try sendBatch(&sending) else { return nil }
                 let start = PKDeadline.now.uptimeNanoseconds
-                try send(&frame, on: &sending, before: deadline)
+                guard try send(&frame, on: &sending) else { return nil }
                 sending.windowStart = start
+                return false
             }
             return
         }
-        let flushNeeded = try sending.withLock { sending throws(PKError) -> Bool in
+        // A message that goes alone: made on its first try, kept for the next.
+        var alone: ZMQOutgoingFrame?
+        let flushNeeded = try whenThereIsRoom(before: deadline) { sending throws(PKError) -> Bool? in
             try checkOpen(sending)
             if sending.batch.count == 0 {
                 // The clock is read only when no batch is open: while one is, a message joins it.
@@ -146,14 +160,14 @@ final class ZMQConnection: @unchecked Sendable {
                 let opensBatch = now &- sending.windowStart < sending.window
                     && handshaken.load(ordering: .acquiring) && PKRunLoop.hasFlusher
                 guard opensBatch else {
-                    var frame = try ZMQOutgoingFrame(byteCount: byteCount, write)
-                    try send(&frame, on: &sending, before: deadline)
+                    if alone == nil { alone = try ZMQOutgoingFrame(byteCount: byteCount, write) }
+                    guard try send(&alone!, on: &sending) else { return nil }
                     sending.windowStart = now
                     return false
                 }
                 sending.windowStart = now
             } else if sending.batch.count + byteCount > ZMQBatch.capacity {
-                try flush(&sending, before: deadline)
+                guard try sendBatch(&sending) else { return nil }
             }
             // Written outside the batch's own code, so that the caller's closure does not meet
             // the lock's value (it writes raw memory the batch lends for the call).
@@ -166,42 +180,87 @@ final class ZMQConnection: @unchecked Sendable {
         if flushNeeded { queueFlush() }
     }
 
+    /// What a try under the lock came to.
+    private enum Try {
+        /// Done; `flushNeeded`: the flusher must be asked to send the batch.
+        case done(flushNeeded: Bool)
+        /// The receiver's queue has no room: wait for `descriptor` (`ZMQ_FD`) to change.
+        case waitForRoom(descriptor: Int32)
+    }
+
+    /// Runs `attempt` under the lock until it is done (non-nil: whether the flusher must be
+    /// asked), waiting between tries, without the lock, until `deadline` for the room it found
+    /// none of (`nil`: it tried to send, and `ZMQ_EVENTS`, read since, showed no room).
+    /// Inlined, with `attempt`: every send comes here, and almost every one is done at once.
+    @inline(__always)
+    private func whenThereIsRoom(
+        before deadline: PKDeadline, _ attempt: (inout Sending) throws(PKError) -> Bool?
+    ) throws(PKError) -> Bool {
+        var waited = false
+        while true {
+            let next = try sending.withLock { sending throws(PKError) -> Try in
+                if waited {
+                    sending.roomWaiters -= 1
+                    roomChanged.drain()
+                }
+                if let flushNeeded = try attempt(&sending) { return .done(flushNeeded: flushNeeded) }
+                guard let socket = sending.socket else {
+                    throw PKError(.invalidPort, "cannot send to \(endpoint): the connection is closed")
+                }
+                if deadline.hasPassed {
+                    let why = isEstablished
+                        ? "the receiver's queue stayed full until the send deadline"
+                        : "no connection to \(endpoint) was made before the send deadline"
+                    throw PKError(.sendTimedOut, "\(why); nothing was sent")
+                }
+                sending.roomWaiters += 1
+                return .waitForRoom(descriptor: socket.pollDescriptor)
+            }
+            switch next {
+            case .done(let flushNeeded):
+                return flushNeeded
+            case .waitForRoom(let descriptor):
+                waited = true
+                _ = Descriptors.waitReadable([descriptor, interrupt.descriptor, roomChanged.descriptor], until: deadline)
+            }
+        }
+    }
+
     /// Throws if the connection is dead or was closed at the process's exit.
     private func checkOpen(_ sending: borrowing Sending) throws(PKError) {
         if let reason = deadReason { throw PKError(.invalidPort, "cannot send to \(endpoint): \(reason)") }
         if sending.socket == nil { throw PKError(.invalidPort, "cannot send to \(endpoint): the connection is closed") }
     }
 
-    /// Sends the batch as one frame, waiting for room until `deadline`; it is kept if the
-    /// deadline passes first.
-    private func flush(_ sending: inout Sending, before deadline: PKDeadline) throws(PKError) {
-        guard sending.batch.count > 0 else { return }
+    /// Sends the open batch as one frame if the receiver's queue has room for it now. Returns
+    /// false if it has none: the batch stays, and still takes messages.
+    private func sendBatch(_ sending: inout Sending) throws(PKError) -> Bool {
+        guard sending.batch.count > 0 else { return true }
         var frame = try sending.batch.frame()
-        try send(&frame, on: &sending, before: deadline)
+        guard try send(&frame, on: &sending) else { return false }
         sending.batch.clear()
         sending.retries = 0
+        return true
     }
 
-    /// Sends one frame, waiting for room (or for the connection) until `deadline`.
-    private func send(_ frame: inout ZMQOutgoingFrame, on sending: inout Sending, before deadline: PKDeadline) throws(PKError) {
+    /// Sends one frame if the receiver's queue has room for it now. Returns false if it has
+    /// none, with `ZMQ_EVENTS` read (the edge rule: `ZMQ_FD` then wakes a waiter when that may
+    /// change).
+    private func send(_ frame: inout ZMQOutgoingFrame, on sending: inout Sending) throws(PKError) -> Bool {
         while true {
             if let reason = deadReason { throw PKError(.invalidPort, "cannot send to \(endpoint): \(reason)") }
             // Used in place (`sending.socket?.`), not bound to a constant: a binding would retain it.
             guard let sent = try sending.socket?.send(&frame) else {
                 throw PKError(.invalidPort, "cannot send to \(endpoint): the connection is closed")
             }
-            if sent { return }
-            guard let socket = sending.socket else { continue }  // not nil: it has just been used, under the lock
-            // The edge rule for sending: read ZMQ_EVENTS (which rearms ZMQ_FD) and try again
-            // while it shows room; only then sleep on ZMQ_FD.
-            if socket.events.canSend { continue }
-            if deadline.hasPassed {
-                let why = isEstablished
-                    ? "the receiver's queue stayed full until the send deadline"
-                    : "no connection to \(endpoint) was made before the send deadline"
-                throw PKError(.sendTimedOut, "\(why); nothing was sent")
+            if sent {
+                if sending.roomWaiters > 0 { roomChanged.signal() }
+                return true
             }
-            _ = Descriptors.waitReadable([socket.pollDescriptor, interrupt.descriptor], until: deadline)
+            guard let socket = sending.socket else { continue }  // not nil: it has just been used, under the lock
+            // Read ZMQ_EVENTS (which rearms ZMQ_FD) and try again while it shows room.
+            if socket.events.canSend { continue }
+            return false
         }
     }
 
@@ -214,10 +273,10 @@ final class ZMQConnection: @unchecked Sendable {
 
     /// On the flusher's thread: sends the batch if the socket has room now; if not, tries again
     /// later (`Sending.nextRetry`: the receiver is behind, and the batch waits for it as a full
-    /// socket's messages do). It never waits for the lock: a sender may hold it while it waits
-    /// for room, maybe for ever, and the flusher serves every connection; it tries again after
-    /// `lockRetry`, twice as long each time the lock is taken, up to 4 ms (a batch's last
-    /// messages wait that long at most for a lock a stream's sender takes again and again).
+    /// socket's messages do). It never waits for the lock, which a stream's sender takes again
+    /// and again (the flusher serves every connection); it tries again after `lockRetry`,
+    /// twice as long each time the lock is taken, up to 4 ms (a batch's last messages wait
+    /// that long at most).
     /// A batch of a connection that died is dropped with it.
     private func flushQueuedBatch(lockRetry: Duration = .milliseconds(1)) {
         enum Outcome { case done, again(Duration), locked, lost(messages: Int, PKError) }
@@ -225,13 +284,10 @@ final class ZMQConnection: @unchecked Sendable {
             sending.flushQueued = false
             guard sending.batch.count > 0, !sending.flusherPaused, sending.socket != nil, deadReason == nil else { return .done }
             do throws(PKError) {
-                try flush(&sending, before: .now)
-                return .done
+                if try sendBatch(&sending) { return .done }
+                sending.flushQueued = true
+                return .again(sending.nextRetry())
             } catch {
-                if error.code == .sendTimedOut {
-                    sending.flushQueued = true
-                    return .again(sending.nextRetry())
-                }
                 let messages = sending.batch.messageCount
                 sending.batch.clear()
                 // The connection died meanwhile: its queued messages go with it, unreported.
@@ -257,6 +313,9 @@ final class ZMQConnection: @unchecked Sendable {
         sending.withLock { $0.window = nanoseconds }
     }
 
+    /// Tests: how many sends wait for room.
+    var sendsWaitingForRoom: Int { sending.withLock { $0.roomWaiters } }
+
     /// Tests: the flusher leaves this connection's batches alone until `resumeFlusher`; only a
     /// batch that a message would overfill goes out (sent by that message's sender).
     func pauseFlusher() {
@@ -274,25 +333,33 @@ final class ZMQConnection: @unchecked Sendable {
         if flushNeeded { queueFlush() }
     }
 
-    /// At the process's exit: sends the batch and closes the socket, within
-    /// `ZMQBatch.exitPatience` for the lock and the room together,, which lingers until libzmq has written what it holds
-    /// (`isReleased`); a send after this fails with `.invalidPort`. Returns whether there is
-    /// anything to wait for. A connection another thread keeps locked for longer than
-    /// `exitPatience` (a send waiting for room, maybe for ever) is left as it is: the exit must
-    /// not wait for it.
+    /// At the process's exit: sends the batch and closes the socket, which lingers until libzmq
+    /// has written what it holds (`isReleased`); a send after this fails with `.invalidPort`.
+    /// The lock and the room for the batch are waited for `ZMQBatch.exitPatience` at most,
+    /// together; past it, a batch with no room is lost, and a connection whose lock stayed
+    /// taken (a sender that keeps it busy) is left as it is: the exit must not wait for it.
+    /// Returns whether there is anything to wait for.
     fileprivate func closeBeforeExit() -> Bool {
-        enum Outcome { case nothing, closed, closedLosing(messages: Int, PKError) }
+        enum Outcome { case nothing, closed, closedLosing(messages: Int, PKError), waitForRoom(descriptor: Int32) }
         let deadline = PKDeadline.after(ZMQBatch.exitPatience)
         while true {
             let outcome = sending.withLockIfAvailable { sending -> Outcome in
-                guard deadReason == nil, sending.socket != nil else { return .nothing }
+                guard deadReason == nil, let socket = sending.socket else { return .nothing }
                 var outcome = Outcome.closed
-                do throws(PKError) { try flush(&sending, before: deadline) } catch {
+                do throws(PKError) {
+                    if try !sendBatch(&sending) {
+                        guard deadline.hasPassed else { return .waitForRoom(descriptor: socket.pollDescriptor) }
+                        outcome = .closedLosing(messages: sending.batch.messageCount,
+                                                PKError(.sendTimedOut, "the receiver's queue stayed full"))
+                    }
+                } catch {
                     outcome = .closedLosing(messages: sending.batch.messageCount, error)
                 }
                 sending.batch.clear()
                 sending.socket?.close()
                 sending.socket = nil
+                // A send waiting for room learns that the socket is gone.
+                if sending.roomWaiters > 0 { roomChanged.signal() }
                 return outcome
             }
             switch outcome {
@@ -301,6 +368,8 @@ final class ZMQConnection: @unchecked Sendable {
             case .closedLosing(let messages, let error)?:
                 connectionLogger.error("at exit, a batch of \(messages) messages to \(endpoint) was lost: \(error)")
                 return true
+            case .waitForRoom(let descriptor)?:
+                _ = Descriptors.waitReadable([descriptor, interrupt.descriptor], until: deadline)
             case nil:
                 if deadline.hasPassed {
                     connectionLogger.warning("at exit, the connection to \(endpoint) was left as it is: another thread was sending on it")

@@ -7,7 +7,7 @@ import Glibc
 import PortKit
 
 /// A descriptor another thread signals to wake a thread blocked in `Descriptors.wait`. Owns
-/// its eventfd. Signalling is sticky: once signalled it stays readable until closed.
+/// its eventfd. Signalling is sticky: once signalled it stays readable until drained or closed.
 final class InterruptSignal: @unchecked Sendable {
     let descriptor: Int32
 
@@ -25,6 +25,13 @@ final class InterruptSignal: @unchecked Sendable {
     func signal() {
         var one: UInt64 = 1
         _ = withUnsafeBytes(of: &one) { Glibc.write(descriptor, $0.baseAddress, 8) }
+    }
+
+    /// Makes the descriptor unreadable again, until the next `signal`. The corresponding system
+    /// call is `read(2)` (which does not block: the eventfd is non-blocking).
+    func drain() {
+        var count: UInt64 = 0
+        _ = withUnsafeMutableBytes(of: &count) { Glibc.read(descriptor, $0.baseAddress, 8) }
     }
 }
 
