@@ -95,9 +95,9 @@ public final class PKWorkerThread: @unchecked Sendable {
     }
 
     /// Asks the worker to stop, and waits for its thread to end, its run loop's teardown
-    /// included: bytes its connections still hold go out then, each connection waiting for its
-    /// reader until those sends' deadlines, at most 5 s (so a worker with a backlog for a port
-    /// that the caller itself must read can make `stop` time out).
+    /// included. Frames its sends left waiting for room (their receivers behind) do not hold it
+    /// up: PortKit's flusher thread writes them when their receivers read (without a flusher,
+    /// which only a process out of threads lacks, the thread's end waits for them, 5 s at most).
     /// Called on the worker's own thread (from one of its handlers), it asks and returns: the
     /// worker ends when that handler returns.
     ///

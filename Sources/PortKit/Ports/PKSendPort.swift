@@ -1,5 +1,6 @@
 // A send right: a Sendable handle on a connection to a receive port, usable from any thread.
 
+import Logging
 import Synchronization
 
 /// A send right to a port (`NSPort` as a remote port, a remote `CFMessagePort`).
@@ -222,7 +223,9 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// Gives up this send right and every copy of it (`-[NSPort invalidate]` on a remote port).
-    /// The receive port sees this sender leave. Safe from any thread.
+    /// It returns at once, and no send is accepted from then on. Messages sent before still
+    /// arrive, first, then the receive port sees this sender leave (a receiver that reads
+    /// none of them for 5 s loses them). Safe from any thread.
     ///
     /// A right that `PKReceivePort.makeSendRight()` made in the port's own thread or process
     /// lives as long as the port: invalidating it does nothing; invalidate the port instead.
@@ -270,9 +273,11 @@ final class SendConnection: @unchecked Sendable {
         var invalidReason: String?
         /// Frames accepted but not yet written (coalesced writes, see `write`).
         var pending: [UInt8] = []
-        /// The latest deadline among the pending frames' sends: how long a final flush (the
-        /// thread or the process ending) may wait.
-        var pendingDeadline = PKDeadline.distantPast
+        /// Set when the connection was invalidated with bytes pending: they still go out (the
+        /// loop or flusher that has them keeps writing), until this deadline at most; the
+        /// socket is shut down once they are written. `invalidReason` is already set, so no send
+        /// joins them.
+        var lingerUntil: PKDeadline?
         /// Where a frame written directly is encoded: kept from one send to the next while small
         /// (`scratchLimit`), so a send allocates nothing for its bytes. Raw memory, freed with
         /// the connection: an array here cost a send about 250 instructions and two locked ones
@@ -370,18 +375,60 @@ final class SendConnection: @unchecked Sendable {
         }
     }
 
-    /// Ends the connection. What was sent before goes out first: pending bytes are written,
-    /// waiting for room as `flushPending()` does.
+    /// Ends the connection, without waiting: no send is accepted from now on, and what was
+    /// sent before still goes out, first. Pending bytes the socket does not take now linger:
+    /// the loop or the flusher that has them writes them when the receiver reads, and then
+    /// shuts the socket down; if they are not all written within `finalFlushPatience`, the
+    /// rest is dropped (and logged), so a receiver that never reads holds no descriptor of
+    /// ours for long. A Mach port's queued messages outlive the send right that sent them in
+    /// the same way.
     func invalidate(reason: String) {
-        flushPending()
-        lock.withLock { state in
-            guard state.invalidReason == nil else { return }
+        let linger = lock.withLock { state -> (Bool, handOver: Bool)? in
+            guard state.invalidReason == nil else { return nil }
+            if !state.pending.isEmpty {
+                _ = try? flushLocked(&state, until: .distantPast, failOnTimeout: false)
+                guard state.invalidReason == nil else { return nil }  // the receiver is gone
+            }
             state.invalidReason = reason
-            state.pending = []
-            Socket.shutdown(fd)
-            PendingWritesAtExit.remove(self)
+            guard !state.pending.isEmpty else {
+                Socket.shutdown(fd)
+                endFlushDuty(&state)
+                return nil
+            }
+            state.lingerUntil = .after(Self.finalFlushPatience)
+            // Normally a loop (or the flusher) has the duty to write them already; not if its
+            // watch for room failed (`flushDutyReturned`).
+            return (true, handOver: takeFlushDuty(&state))
+        }
+        guard let linger else { return }
+        guard let flusher = PKRunLoop.flusher else {
+            // No thread could be started to write them: written here, waiting for room.
+            flushPending()
+            return
+        }
+        if linger.handOver { flusher.perform { flusher.flushPendingWrites(of: self) } }
+        flusher.perform {
+            PKRunLoop.current.scheduleTimer(after: Self.finalFlushPatience, forMode: .common) { [self] _ in endLinger() }
         }
     }
+
+    /// The end of an invalidated connection's linger: bytes still pending are dropped.
+    private func endLinger() {
+        let dropped = lock.withLock { state -> Int in
+            guard state.lingerUntil != nil else { return 0 }
+            let count = state.pending.count
+            markInvalid(&state, state.invalidReason ?? "invalidated")
+            return count
+        }
+        if dropped > 0 {
+            Self.logger.warning("an invalidated send right's last \(dropped) bytes were dropped: its receive port read nothing for \(Self.finalFlushPatience)")
+        }
+    }
+
+    private static let logger = Logger(label: "PortKit.SendConnection")
+
+    /// Tests: whether the connection was invalidated with bytes still pending, which wait.
+    var isLingering: Bool { lock.withLock { $0.lingerUntil != nil } }
 
     /// Writes one encoded frame (and the descriptors it carries).
     ///
@@ -421,7 +468,7 @@ final class SendConnection: @unchecked Sendable {
                         try flushLocked(&state, until: .distantPast, failOnTimeout: false)
                         guard state.pending.count + size <= Self.pendingLimit else { return .needRoom }
                     }
-                    return appendPending(frame, &state, deadline: deadline)
+                    return appendPending(frame, &state)
                 }
                 if !state.pending.isEmpty {
                     try flushLocked(&state, until: .distantPast, failOnTimeout: false)
@@ -435,7 +482,7 @@ final class SendConnection: @unchecked Sendable {
                 // answer, when the receiver has read everything (a system call per message
                 // saved there).
                 if descriptors.isEmpty && Self.wroteRecently(state, here) && Socket.unsentBytes(fd) > 0 {
-                    return appendPending(frame, &state, deadline: deadline)
+                    return appendPending(frame, &state)
                 }
                 state.writerLoop = here?.id
                 state.writerWaits = here?.waits ?? 0
@@ -450,7 +497,6 @@ final class SendConnection: @unchecked Sendable {
                 guard written < size else { return .sent(flush: false) }
                 // The socket is full: the rest waits with the frames that follow.
                 state.pending.append(contentsOf: UnsafeRawBufferPointer(rebasing: bytes[written...]))
-                if deadline > state.pendingDeadline { state.pendingDeadline = deadline }
                 return .sent(flush: takeFlushDuty(&state))
             }
             switch step {
@@ -511,9 +557,8 @@ final class SendConnection: @unchecked Sendable {
     /// `takeFlushDuty`). Out of line: a round trip's frames go out at once and never come here,
     /// and this code would sit among theirs.
     @inline(never)
-    private func appendPending(_ frame: some WireEncodable, _ state: inout State, deadline: PKDeadline) -> WriteStep {
+    private func appendPending(_ frame: some WireEncodable, _ state: inout State) -> WriteStep {
         WireEncoder.appendEncoded(frame, to: &state.pending)
-        if deadline > state.pendingDeadline { state.pendingDeadline = deadline }
         return .sent(flush: takeFlushDuty(&state))
     }
 
@@ -557,11 +602,12 @@ final class SendConnection: @unchecked Sendable {
     func flushPendingWithoutWaiting() -> FlushOutcome {
         let outcome = lock.withLock { state in
             var outcome = FlushOutcome.failed
-            if state.invalidReason == nil {
+            if Self.mayWrite(state) {
                 do throws(PKError) {
                     outcome = try flushLocked(&state, until: .distantPast, failOnTimeout: false) ? .done : .blocked
                 } catch {}
             }
+            if outcome == .done { endLingerWritten(&state) }
             if outcome != .blocked { endFlushDuty(&state) }
             return outcome
         }
@@ -574,12 +620,28 @@ final class SendConnection: @unchecked Sendable {
         lock.withLock { endFlushDuty(&$0) }
     }
 
-    /// The longest a thread or process that ends waits for its pending bytes to go out.
+    /// The longest pending bytes wait for room once the process or the thread that has them
+    /// ends, or once their connection is invalidated.
     static let finalFlushPatience = Duration.seconds(5)
 
-    /// Writes every pending byte, waiting for room until the latest of their sends' deadlines
-    /// (at most `finalFlushPatience`); a flush that cannot finish by then closes the
-    /// connection. For a thread or a process that ends with bytes pending. Safe from any thread.
+    /// Whether pending bytes may still be written: the connection is valid, or it was
+    /// invalidated with bytes pending and they linger.
+    private static func mayWrite(_ state: State) -> Bool {
+        state.invalidReason == nil || state.lingerUntil != nil
+    }
+
+    /// Every pending byte of an invalidated connection is written: its socket is shut down (the
+    /// receive port sees the sender leave after its last frame).
+    private func endLingerWritten(_ state: inout State) {
+        guard state.lingerUntil != nil else { return }
+        state.lingerUntil = nil
+        Socket.shutdown(fd)
+    }
+
+    /// Writes every pending byte, waiting for room for `finalFlushPatience` at most (an
+    /// invalidated connection's bytes until the end of their linger); a flush that cannot
+    /// finish by then closes the connection. For a process that ends with bytes pending, and a
+    /// thread or an invalidation with no flusher to hand them to. Safe from any thread.
     ///
     /// It waits for room without the lock, as a send does: held, the lock stopped every other
     /// thread's send on the connection (whatever its deadline), `isValid`, and the flusher,
@@ -590,15 +652,21 @@ final class SendConnection: @unchecked Sendable {
             let waitUntil: PKDeadline? = lock.withLock { state in
                 // This ends any loop's duty to flush: the next pending bytes arrange a new one.
                 if deadline == nil { endFlushDuty(&state) }
-                guard !state.pending.isEmpty, state.invalidReason == nil else { return nil }
-                let until = deadline ?? min(state.pendingDeadline, .after(Self.finalFlushPatience))
+                guard !state.pending.isEmpty, Self.mayWrite(state) else {
+                    endLingerWritten(&state)
+                    return nil
+                }
+                let until = deadline ?? state.lingerUntil ?? .after(Self.finalFlushPatience)
                 do throws(PKError) {
-                    if try flushLocked(&state, until: .distantPast, failOnTimeout: false) { return nil }
+                    if try flushLocked(&state, until: .distantPast, failOnTimeout: false) {
+                        endLingerWritten(&state)
+                        return nil
+                    }
                 } catch {
                     return nil  // the connection broke (it is marked invalid)
                 }
                 guard !until.hasPassed else {
-                    markInvalid(&state, "frames sent earlier could not be written before their deadline")
+                    markInvalid(&state, "frames sent earlier could not be written within \(Self.finalFlushPatience)")
                     return nil
                 }
                 return until
@@ -690,8 +758,9 @@ final class SendConnection: @unchecked Sendable {
     }
 
     private func markInvalid(_ state: inout State, _ reason: String) {
-        guard state.invalidReason == nil else { return }
-        state.invalidReason = reason
+        guard Self.mayWrite(state) else { return }
+        if state.invalidReason == nil { state.invalidReason = reason }
+        state.lingerUntil = nil
         state.pending = []
         Socket.shutdown(fd)
     }
