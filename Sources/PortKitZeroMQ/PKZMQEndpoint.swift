@@ -61,11 +61,11 @@ public enum PKZMQEndpoint {
 
     /// `tcp://ADDRESS:*`, where ADDRESS is the local address the kernel uses toward `endpoint`'s
     /// host (127.0.0.1 for a local one): what to bind so that the peer at `endpoint`, and
-    /// nobody on another interface, can reach a port. `nil` for an `ipc://` endpoint or an
-    /// unreachable host.
-    public static func localTCP(toward endpoint: String) -> String? {
+    /// nobody on another interface, can reach a port. `nil` for an `ipc://` endpoint, an
+    /// unreachable host, or a host name whose address was not found within `timeout`.
+    public static func localTCP(toward endpoint: String, timeout: Duration = .seconds(5)) -> String? {
         guard case .tcp(let host, _)? = try? ZMQEndpoint(parsing: endpoint),
-              let local = LocalAddress.toward(host: host == "*" ? "127.0.0.1" : host) else { return nil }
+              let local = LocalAddress.toward(host: host == "*" ? "127.0.0.1" : host, before: .after(timeout)) else { return nil }
         return "tcp://\(local):*"
     }
 
@@ -182,12 +182,14 @@ enum ZMQEndpoint: Hashable, Sendable, CustomStringConvertible {
     }
 
     /// How a peer reaching `destination` can reach this endpoint: a wildcard host becomes the
-    /// local address the kernel would use toward the destination (127.0.0.1 for a local one).
-    func advertised(toward destination: ZMQEndpoint) -> String {
+    /// local address the kernel would use toward the destination (127.0.0.1 for a local one,
+    /// and for a destination whose host name has no address known by `deadline`: a send to it
+    /// waits for its connection, which needs that address too, until the same deadline).
+    func advertised(toward destination: ZMQEndpoint, before deadline: PKDeadline) -> String {
         guard case .tcp(_, let port) = self, isWildcard else { return description }
         let local: String
         switch destination {
-        case .tcp(let host, _): local = LocalAddress.toward(host: host) ?? "127.0.0.1"
+        case .tcp(let host, _): local = LocalAddress.toward(host: host, before: deadline) ?? "127.0.0.1"
         case .ipc: local = "127.0.0.1"
         }
         return "tcp://\(local):\(port)"

@@ -6,12 +6,12 @@ import Glibc
 
 /// A joinable thread running a Swift closure. `join(until:)` and `detach` are for one caller at
 /// a time (the owner: `PKWorkerThread.stop` lets one through).
-final class SystemThread: @unchecked Sendable {
+package final class SystemThread: @unchecked Sendable {
     private var handle = pthread_t()
     private var joined = false
 
     /// Starts `body` on a new thread. The corresponding call is `pthread_create(3)`.
-    init(name: String, _ body: @escaping @Sendable () -> Void) throws(PKError) {
+    package init(name: String, _ body: @escaping @Sendable () -> Void) throws(PKError) {
         let box = Unmanaged.passRetained(ThreadBody(name: name, body: body)).toOpaque()
         let rc = pthread_create(&handle, nil, { context in
             let body = Unmanaged<ThreadBody>.fromOpaque(context!).takeRetainedValue()

@@ -94,7 +94,7 @@ private struct PendingRequest {
     init(_ port: PKZMQSendPort, _ message: PKZMQMessage, waiter: ZMQReplyWaiter, sendTimeout: Duration) throws(PKError) {
         let connection = try port.right.connection()
         let service = try ZMQReplyService.shared()
-        let replyEndpoint = try service.endpoint(toward: port.right.endpoint)
+        let replyEndpoint = try service.endpoint(toward: port.right.endpoint, before: .after(sendTimeout))
         let id = service.register(waiter)
         // A reply travels on another connection than the request, so it can arrive just after
         // the remote port's death is noticed (a server that answers, then exits): it still

@@ -92,7 +92,7 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
     ///
     /// - Throws: as `send(_:before:)`.
     func send(_ message: PKZMQMessage, reply: ZMQPortAddress?, on connection: ZMQConnection, before deadline: PKDeadline) throws(PKError) {
-        let replyAddress = reply ?? message.replyPort?.address(toward: right.endpoint)
+        let replyAddress = reply ?? message.replyPort?.address(toward: right.endpoint, before: deadline)
         switch message.body {
         case .bytes(let bytes) where replyAddress == nil:
             // One data component and no reply port (the usual message): measured and written
@@ -116,7 +116,7 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
             let components = all.map { component -> ZMQWireComponent in
                 switch component {
                 case .data(let bytes): .data(bytes)
-                case .port(let port): .port(port.address(toward: right.endpoint))
+                case .port(let port): .port(port.address(toward: right.endpoint, before: deadline))
                 }
             }
             try send(msgid: message.msgid, components: components, reply: replyAddress, on: connection, before: deadline)
@@ -139,10 +139,11 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
     /// What a sender checks a message against (a receiver's default limits).
     private static let limits = ZMQWireLimits(.default)
 
-    /// This port's address as a peer at `destination` can reach it.
-    func address(toward destination: ZMQEndpoint) -> ZMQPortAddress {
+    /// This port's address as a peer at `destination` can reach it (see
+    /// `ZMQEndpoint.advertised(toward:before:)`).
+    func address(toward destination: ZMQEndpoint, before deadline: PKDeadline) -> ZMQPortAddress {
         guard right.endpoint.isWildcard else { return right.address }
-        return ZMQPortAddress(endpoint: right.endpoint.advertised(toward: destination), portID: portID)
+        return ZMQPortAddress(endpoint: right.endpoint.advertised(toward: destination, before: deadline), portID: portID)
     }
 
     /// Whether the port can still be reached through this right: false once it was

@@ -102,17 +102,59 @@ final class ZMQConnection: @unchecked Sendable {
         let push = try ZMQSocket.sending(limits: limits)
         try push.setHeartbeats(toward: endpoint, connecting: true)
         let monitor = try ZMQMonitor(monitoring: push)
-        // From here the monitor runs: a failure stops it before its reader goes (see
-        // `ZMQMonitor.init`), or closing `push` would hang libzmq's reaper thread.
-        do throws(PKError) { try push.connect(endpoint.description) } catch {
-            monitor.cancel(monitoring: push)
-            push.close()
-            throw error
+        // A host name is looked up by PortKit, off this thread (`HostResolver`), and libzmq
+        // connects to its address once it is known: libzmq would look it up on its I/O thread,
+        // which serves every ZeroMQ socket of the process, at every try.
+        var name: (host: String, port: String)?
+        if case .tcp(let host, let port) = endpoint, HostResolver.isName(host) {
+            // What zmq_connect would refuse (an endpoint that skipped PortKit's checks).
+            guard ZMQEndpoint.isHostLibzmqAccepts(host) else {
+                monitor.cancel(monitoring: push)
+                push.close()
+                throw PKError(.badName, "cannot connect to \(endpoint): libzmq refuses its host")
+            }
+            name = (host, port)
+        }
+        if name == nil {
+            // From here the monitor runs: a failure stops it before its reader goes (see
+            // `ZMQMonitor.init`), or closing `push` would hang libzmq's reaper thread.
+            do throws(PKError) { try push.connect(endpoint.description) } catch {
+                monitor.cancel(monitoring: push)
+                push.close()
+                throw error
+            }
         }
         sending = ZMQMutex(Sending(socket: push))
         // The flusher's thread is made now, if it is not yet, not later under the lock.
         _ = PKRunLoop.hasFlusher
         monitor.start { [weak self] event in self?.monitorReported(event) }
+        if let name { connectWhenKnown(host: name.host, port: name.port) }
+    }
+
+    /// Connects to `host` (a name) at `port` once its address is known. While the name has
+    /// none, it looks again every `HostResolver.keepFailed`, as long as the connection lives
+    /// (as libzmq tries a refused connection again); sends wait for it until their deadlines.
+    private func connectWhenKnown(host: String, port: String) {
+        HostResolver.whenKnown(host) { [weak self] address in
+            guard let self, deadReason == nil else { return }
+            guard let address else {
+                PKRunLoop.background.perform {
+                    PKRunLoop.current.scheduleTimer(after: HostResolver.keepFailed, forMode: .common) { [weak self] _ in
+                        self?.connectWhenKnown(host: host, port: port)
+                    }
+                }
+                return
+            }
+            let refused = sending.withLock { sending -> PKError? in
+                guard let socket = sending.socket else { return nil }
+                do throws(PKError) { try socket.connect("tcp://\(address):\(port)") } catch { return error }
+                // zmq_connect reads libzmq's commands: the news a waiting send's ZMQ_FD would
+                // have woken it for.
+                if sending.roomWaiters > 0 { roomChanged.signal() }
+                return nil
+            }
+            if let refused { die("cannot connect to \(endpoint) at \(address): \(refused.message)") }
+        }
     }
 
     /// Why the connection died, or nil while it lives. Safe from any thread.
@@ -126,7 +168,8 @@ final class ZMQConnection: @unchecked Sendable {
 
     // MARK: - Sending
 
-    /// Sends one message of `byteCount` bytes, which `write` writes, sent whole or not at all,
+    /// Sends one message of `byteCount` bytes, which `write` writes (more than once, if a try
+    /// that found no room is followed by one that puts it in a batch), sent whole or not at all,
     /// after every message sent before it on this connection. A message that joins a batch
     /// (protocol.md 10.2) is accepted at once: the batch goes when it is full (this send waits
     /// for room for it, until `deadline`) or with the flusher. Any other waits for room, or for
@@ -203,7 +246,17 @@ final class ZMQConnection: @unchecked Sendable {
                     sending.roomWaiters -= 1
                     roomChanged.drain()
                 }
-                if let flushNeeded = try attempt(&sending) { return .done(flushNeeded: flushNeeded) }
+                // The news of room this waiter drained is passed on unless its try found none
+                // (it may end without a send: by joining the batch, or by an error).
+                let outcome: Bool?
+                do throws(PKError) { outcome = try attempt(&sending) } catch {
+                    if waited && sending.roomWaiters > 0 { roomChanged.signal() }
+                    throw error
+                }
+                if let flushNeeded = outcome {
+                    if waited && sending.roomWaiters > 0 { roomChanged.signal() }
+                    return .done(flushNeeded: flushNeeded)
+                }
                 guard let socket = sending.socket else {
                     throw PKError(.invalidPort, "cannot send to \(endpoint): the connection is closed")
                 }
@@ -342,13 +395,24 @@ final class ZMQConnection: @unchecked Sendable {
     fileprivate func closeBeforeExit() -> Bool {
         enum Outcome { case nothing, closed, closedLosing(messages: Int, PKError), waitForRoom(descriptor: Int32) }
         let deadline = PKDeadline.after(ZMQBatch.exitPatience)
+        var waited = false
         while true {
             let outcome = sending.withLockIfAvailable { sending -> Outcome in
+                // Counted among the sends that wait for room while it waits (see `roomChanged`).
+                if waited {
+                    sending.roomWaiters -= 1
+                    roomChanged.drain()
+                    waited = false
+                }
                 guard deadReason == nil, let socket = sending.socket else { return .nothing }
                 var outcome = Outcome.closed
                 do throws(PKError) {
                     if try !sendBatch(&sending) {
-                        guard deadline.hasPassed else { return .waitForRoom(descriptor: socket.pollDescriptor) }
+                        guard deadline.hasPassed else {
+                            sending.roomWaiters += 1
+                            waited = true
+                            return .waitForRoom(descriptor: socket.pollDescriptor)
+                        }
                         outcome = .closedLosing(messages: sending.batch.messageCount,
                                                 PKError(.sendTimedOut, "the receiver's queue stayed full"))
                     }
@@ -358,8 +422,9 @@ final class ZMQConnection: @unchecked Sendable {
                 sending.batch.clear()
                 sending.socket?.close()
                 sending.socket = nil
-                // A send waiting for room learns that the socket is gone.
-                if sending.roomWaiters > 0 { roomChanged.signal() }
+                // A send waiting for room learns that the socket is gone (for good: `interrupt`
+                // stays signalled).
+                if sending.roomWaiters > 0 { interrupt.signal() }
                 return outcome
             }
             switch outcome {
@@ -369,7 +434,7 @@ final class ZMQConnection: @unchecked Sendable {
                 connectionLogger.error("at exit, a batch of \(messages) messages to \(endpoint) was lost: \(error)")
                 return true
             case .waitForRoom(let descriptor)?:
-                _ = Descriptors.waitReadable([descriptor, interrupt.descriptor], until: deadline)
+                _ = Descriptors.waitReadable([descriptor, interrupt.descriptor, roomChanged.descriptor], until: deadline)
             case nil:
                 if deadline.hasPassed {
                     connectionLogger.warning("at exit, the connection to \(endpoint) was left as it is: another thread was sending on it")

@@ -48,8 +48,9 @@ final class ZMQReplyService: Sendable {
     /// The endpoint a peer at `destination` can send replies to, bound on first need. A wildcard
     /// `replyHost` (`0.0.0.0`, `*`) is advertised as the local address toward `destination`, as
     /// a receive port bound to a wildcard is (protocol.md 10.1): a port component carries only
-    /// endpoints a peer can connect to.
-    func endpoint(toward destination: ZMQEndpoint) throws(PKError) -> String {
+    /// endpoints a peer can connect to. A destination's host name is looked up until
+    /// `deadline` at most.
+    func endpoint(toward destination: ZMQEndpoint, before deadline: PKDeadline) throws(PKError) -> String {
         let key: String
         let bindTo: ZMQEndpoint
         switch destination {
@@ -58,7 +59,10 @@ final class ZMQReplyService: Sendable {
             let random = UInt64.random(in: 0 ... .max)
             bindTo = .ipc(path: "@portkit-zmq-reply-\(geteuid())-\(getpid())-\(String(random, radix: 16))")
         case .tcp(let host, _):
-            guard let local = PKZMQTransport.replyHost ?? LocalAddress.toward(host: host) else {
+            guard let local = PKZMQTransport.replyHost ?? LocalAddress.toward(host: host, before: deadline) else {
+                if deadline.hasPassed, HostResolver.isName(host) {
+                    throw PKError(.sendTimedOut, "the address of \(host) was not found before the send deadline; nothing was sent")
+                }
                 throw PKError(.transport, "no local address reaches \(host) for replies; set PKZMQTransport.replyHost")
             }
             key = local
@@ -71,7 +75,7 @@ final class ZMQReplyService: Sendable {
             endpoints[key] = bound
             return bound
         }
-        return bound.parsed.isWildcard ? bound.parsed.advertised(toward: destination) : bound.text
+        return bound.parsed.isWildcard ? bound.parsed.advertised(toward: destination, before: deadline) : bound.text
     }
 
     /// Registers a waiter; returns the port id its reply comes to.

@@ -7,23 +7,27 @@ import Glibc
 import PortKit
 
 enum LocalAddress {
-    /// Answers already found, by host: a name is resolved once per process.
+    /// Answers already found, by remote address: the route toward one is found once per process.
     private static let known = ZMQMutex<[String: String]>([:])
 
     /// The local IPv4 address the kernel routes toward `host` (an IPv4 literal or a name), or
-    /// nil if it has none. Sends nothing: a UDP `connect` only picks the route. Remembered per
-    /// host for the life of the process.
-    static func toward(host: String) -> String? {
-        if let address = known.withLock({ $0[host] }) { return address }
-        guard let address = lookUp(host) else { return nil }
-        known.withLock { $0[host] = address }
+    /// nil if it has none, or if the name's address was not known by `deadline` (it is looked
+    /// up off this thread: `HostResolver`). Sends nothing: a UDP `connect` only picks the
+    /// route. Remembered per remote address for the life of the process.
+    static func toward(host: String, before deadline: PKDeadline) -> String? {
+        guard let remote = HostResolver.address(of: host, before: deadline) else { return nil }
+        if let address = known.withLock({ $0[remote] }) { return address }
+        guard let address = route(toward: remote) else { return nil }
+        known.withLock { $0[remote] = address }
         return address
     }
 
-    /// The corresponding system calls are `getaddrinfo(3)`, `connect(2)` and `getsockname(2)`.
-    private static func lookUp(_ host: String) -> String? {
+    /// Toward a numeric address: no lookup. The corresponding system calls are
+    /// `getaddrinfo(3)` (with `AI_NUMERICHOST`), `connect(2)` and `getsockname(2)`.
+    private static func route(toward host: String) -> String? {
         var hints = addrinfo()
         hints.ai_family = AF_INET
+        hints.ai_flags = AI_NUMERICHOST
         hints.ai_socktype = Int32(SOCK_DGRAM.rawValue)
         var found: UnsafeMutablePointer<addrinfo>?
         guard getaddrinfo(host, "9", &hints, &found) == 0, let found else { return nil }

@@ -1,0 +1,133 @@
+#if ZeroMQ
+// Host names in tcp:// endpoints (docs/decisions.md, "Host names are looked up off libzmq's
+// I/O thread"): PortKit looks them up on threads of its own and connects libzmq to the address,
+// so a name whose lookup does not answer holds up no one but the sends to it, each until its
+// own deadline. The tests answer for names under `.test` (a top-level domain reserved for
+// tests) through `HostResolver.lookUpForTests`; `localhost` is looked up for real.
+
+import Testing
+import Foundation
+import Glibc
+@testable import PortKit
+@testable import PortKitZeroMQ
+
+/// The answers the tests give for their names: each name answers when its gate opens (a
+/// lookup that does not answer until then), with the address given, or with none.
+private final class FakeNames: Sendable {
+    private let table = Locked<[String: (open: Bool, address: String?)]>([:])
+
+    /// Answers for `name` (a name under `.test`): after `open(_:)` if `closed`.
+    func add(_ name: String, address: String?, closed: Bool = false) {
+        table.withLock { $0[name] = (!closed, address) }
+    }
+
+    func open(_ name: String) { table.withLock { $0[name]?.open = true } }
+
+    /// The hook: blocks a lookup of a closed name until it opens (30 s at most).
+    func answer(_ host: String) -> String?? {
+        guard table.value[host] != nil else { return .none }
+        let deadline = PKDeadline.after(.seconds(30))
+        while table.value[host]?.open != true && !deadline.hasPassed { sleepFor(.milliseconds(1)) }
+        return .some(table.value[host]?.address)
+    }
+
+    /// Installs the hook, once for every test of the suite (the answers of one test's names
+    /// do not touch another's).
+    static let shared: FakeNames = {
+        let names = FakeNames()
+        HostResolver.lookUpForTests.withLock { $0 = { names.answer($0) } }
+        return names
+    }()
+}
+
+@Suite struct ZMQHostNameTests {
+    /// A unique name under `.test`.
+    static func name(_ label: String) -> String { "\(label)-\(getpid())-\(UInt32.random(in: 0 ... .max)).test" }
+
+    /// The port number of a port bound to `tcp://127.0.0.1:*`.
+    static func portNumber(of port: PKZMQReceivePort) -> String { String(port.endpoint.split(separator: ":").last!) }
+
+    @Test func aPortIsReachedThroughAHostName() throws {
+        try onLoopThread { loop in
+            var received: [UInt32] = []
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { received.append($0.msgid) }
+            defer { port.invalidate() }
+            try loop.add(port, forMode: .default)
+            let right = try PKZMQSendPort(connectingTo: "tcp://localhost:\(Self.portNumber(of: port))")
+            try right.send(PKZMQMessage(msgid: 1), timeout: .seconds(10))
+            try run(loop, until: "the message") { received == [1] }
+        }
+    }
+
+    /// A name whose lookup does not answer: making a right to it returns at once, a send to it
+    /// fails at its own deadline, and another connection's round trip goes on meanwhile. Once
+    /// the lookup answers, the right's messages go through.
+    @Test func aLookupThatDoesNotAnswerHoldsUpOnlyTheSendsToIt() throws {
+        let names = FakeNames.shared
+        let stalled = Self.name("stalled")
+        names.add(stalled, address: "127.0.0.1", closed: true)
+        defer { names.open(stalled) }
+        try onLoopThread { loop in
+            var received: [UInt32] = []
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { received.append($0.msgid) }
+            defer { port.invalidate() }
+            try loop.add(port, forMode: .default)
+            let made = Locked<Result<PKZMQSendPort, PKError>?>(nil)
+            let endpoint = "tcp://\(stalled):\(Self.portNumber(of: port))"
+            Thread { made.value = Result { () throws(PKError) in try PKZMQSendPort(connectingTo: endpoint) } }.start()
+            try waitUntil("the right to be made") { made.value != nil }
+            let right = try made.value!.get()
+            let refused = Locked<PKError?>(nil)
+            Thread {
+                do throws(PKError) { try right.send(PKZMQMessage(msgid: 1), timeout: .milliseconds(200)) } catch { refused.value = error }
+            }.start()
+            try waitUntil("the send to end at its own deadline") { refused.value != nil }
+            #expect(refused.value?.code == .sendTimedOut)
+            // Another connection, meanwhile.
+            let direct = try PKZMQSendPort(connectingTo: port.endpoint)
+            try direct.send(PKZMQMessage(msgid: 2), timeout: .seconds(10))
+            try run(loop, until: "the other connection's message") { received == [2] }
+            // The lookup answers: the right's messages go through.
+            names.open(stalled)
+            try right.send(PKZMQMessage(msgid: 3), timeout: .seconds(10))
+            try run(loop, until: "the message through the name") { received == [2, 3] }
+            #expect(right.isValid)
+        }
+    }
+
+    /// A name with no address yet: the connection looks it up again while it lives, and
+    /// connects once the name has one.
+    @Test func aNameWithNoAddressIsLookedUpAgain() throws {
+        let names = FakeNames.shared
+        let late = Self.name("late")
+        names.add(late, address: nil)
+        try onLoopThread { loop in
+            var received: [UInt32] = []
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { received.append($0.msgid) }
+            defer { port.invalidate() }
+            try loop.add(port, forMode: .default)
+            let right = try PKZMQSendPort(connectingTo: "tcp://\(late):\(Self.portNumber(of: port))")
+            expectPKError(.sendTimedOut) { try right.send(PKZMQMessage(msgid: 1), timeout: .milliseconds(200)) }
+            names.add(late, address: "127.0.0.1")
+            try right.send(PKZMQMessage(msgid: 2), timeout: .seconds(20))
+            try run(loop, until: "the message, once the name has an address") { received == [2] }
+        }
+    }
+
+    /// The local address toward a name whose lookup does not answer is given up at the
+    /// caller's deadline.
+    @Test func theLocalAddressTowardANameThatDoesNotAnswerIsGivenUpInTime() throws {
+        let names = FakeNames.shared
+        let stalled = Self.name("route")
+        names.add(stalled, address: "127.0.0.1", closed: true)
+        defer { names.open(stalled) }
+        let answer = Locked<String??>(nil)
+        Thread { answer.value = .some(PKZMQEndpoint.localTCP(toward: "tcp://\(stalled):5", timeout: .milliseconds(200))) }.start()
+        try waitUntil("the answer") { answer.value != nil }
+        #expect(answer.value == .some(nil))
+        names.open(stalled)
+        try waitUntil("the lookup's answer") { HostResolver.address(of: stalled, before: .after(.seconds(1))) != nil }
+        #expect(PKZMQEndpoint.localTCP(toward: "tcp://\(stalled):5") == "tcp://127.0.0.1:*")
+    }
+}
+#endif
