@@ -65,7 +65,8 @@ public enum PKZMQEndpoint {
     /// unreachable host, or a host name whose address was not found within `timeout`.
     public static func localTCP(toward endpoint: String, timeout: Duration = .seconds(5)) -> String? {
         guard case .tcp(let host, _)? = try? ZMQEndpoint(parsing: endpoint),
-              let local = LocalAddress.toward(host: host == "*" ? "127.0.0.1" : host, before: .after(timeout)) else { return nil }
+              case .address(let local) = LocalAddress.toward(host: host == "*" ? "127.0.0.1" : host, before: .after(timeout))
+        else { return nil }
         return "tcp://\(local):*"
     }
 
@@ -183,13 +184,24 @@ enum ZMQEndpoint: Hashable, Sendable, CustomStringConvertible {
 
     /// How a peer reaching `destination` can reach this endpoint: a wildcard host becomes the
     /// local address the kernel would use toward the destination (127.0.0.1 for a local one,
-    /// and for a destination whose host name has no address known by `deadline`: a send to it
-    /// waits for its connection, which needs that address too, until the same deadline).
-    func advertised(toward destination: ZMQEndpoint, before deadline: PKDeadline) -> String {
+    /// or one the kernel has no route to). A destination's host name is looked up until
+    /// `deadline` at most.
+    ///
+    /// - Throws: `.sendTimedOut` if the name's address was not found by `deadline`;
+    ///   `.transport` if it has none.
+    func advertised(toward destination: ZMQEndpoint, before deadline: PKDeadline) throws(PKError) -> String {
         guard case .tcp(_, let port) = self, isWildcard else { return description }
         let local: String
         switch destination {
-        case .tcp(let host, _): local = LocalAddress.toward(host: host, before: deadline) ?? "127.0.0.1"
+        case .tcp(let host, _):
+            switch LocalAddress.toward(host: host, before: deadline) {
+            case .address(let address): local = address
+            case .none where HostResolver.kind(of: host) == .name:
+                throw PKError(.transport, "the host name \(host) has no IPv4 address; nothing was sent")
+            case .none: local = "127.0.0.1"
+            case .unanswered:
+                throw PKError(.sendTimedOut, "the address of \(host) was not found before the send deadline; nothing was sent")
+            }
         case .ipc: local = "127.0.0.1"
         }
         return "tcp://\(local):\(port)"

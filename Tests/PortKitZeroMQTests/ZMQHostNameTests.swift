@@ -40,7 +40,7 @@ private final class FakeNames: Sendable {
     }()
 }
 
-@Suite struct ZMQHostNameTests {
+@Suite(.serialized) struct ZMQHostNameTests {
     /// A unique name under `.test`.
     static func name(_ label: String) -> String { "\(label)-\(getpid())-\(UInt32.random(in: 0 ... .max)).test" }
 
@@ -126,8 +126,46 @@ private final class FakeNames: Sendable {
         try waitUntil("the answer") { answer.value != nil }
         #expect(answer.value == .some(nil))
         names.open(stalled)
-        try waitUntil("the lookup's answer") { HostResolver.address(of: stalled, before: .after(.seconds(1))) != nil }
+        try waitUntil("the lookup's answer") { HostResolver.address(of: stalled, before: .after(.seconds(1))) == .address("127.0.0.1") }
         #expect(PKZMQEndpoint.localTCP(toward: "tcp://\(stalled):5") == "tcp://127.0.0.1:*")
+    }
+
+    /// An answer that has expired is still used while the name is looked up again: a send
+    /// that needs it (the local address advertised toward the name) does not wait for the new
+    /// lookup, nor falls back to another address.
+    @Test func anExpiredAnswerIsUsedWhileTheNameIsLookedUpAgain() throws {
+        let names = FakeNames.shared
+        let name = Self.name("expired")
+        names.add(name, address: "127.0.0.1")
+        #expect(HostResolver.address(of: name, before: .after(.seconds(10))) == .address("127.0.0.1"))
+        names.add(name, address: "127.0.0.1", closed: true)
+        defer { names.open(name) }
+        HostResolver.expire(name)
+        let answer = Locked<HostResolver.Answer?>(nil)
+        Thread { answer.value = HostResolver.address(of: name, before: .after(.seconds(20))) }.start()
+        try waitUntil("the answer, without the new lookup's") { answer.value != nil }
+        #expect(answer.value == .address("127.0.0.1"))
+    }
+
+    /// Hosts that are neither an address nor a name, which libzmq would look up itself on its
+    /// I/O thread (a name in brackets, a zone or interface suffix), are refused.
+    @Test(arguments: ["tcp://[portkit-bracketed.test]:1", "tcp://portkit-zone.test%1:1", "tcp://portkit-zone.test%eth0:1"])
+    func hostsLibzmqWouldLookUpItselfAreRefused(endpoint: String) {
+        expectPKError(.badName) { _ = try PKZMQSendPort(connectingTo: endpoint) }
+    }
+
+    /// Many names whose lookups do not answer (a peer can send any): at most
+    /// `HostResolver.maxPending` wait for an answer at once (each holds a descriptor), and a
+    /// send to one beyond them fails at its own deadline all the same.
+    @Test func manyNamesThatDoNotAnswerHoldABoundedNumberOfLookups() throws {
+        let names = FakeNames.shared
+        let flood = (0..<(HostResolver.maxPending + 50)).map { Self.name("flood\($0)") }
+        for name in flood { names.add(name, address: nil, closed: true) }
+        defer { for name in flood { names.open(name) } }
+        var rights: [PKZMQSendPort] = []
+        for name in flood { rights.append(try PKZMQSendPort(connectingTo: "tcp://\(name):5")) }
+        #expect(HostResolver.pendingCount <= HostResolver.maxPending)
+        expectPKError(.sendTimedOut) { try rights.last!.send(PKZMQMessage(msgid: 1), timeout: .milliseconds(100)) }
     }
 }
 #endif

@@ -224,8 +224,8 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
 
     /// Gives up this send right and every copy of it (`-[NSPort invalidate]` on a remote port).
     /// It returns at once, and no send is accepted from then on. Messages sent before still
-    /// arrive, first, then the receive port sees this sender leave (a receiver that reads
-    /// none of them for 5 s loses them). Safe from any thread.
+    /// arrive, first, then the receive port sees this sender leave (what its receiver has not
+    /// read 5 s after the invalidation is dropped). Safe from any thread.
     ///
     /// A right that `PKReceivePort.makeSendRight()` made in the port's own thread or process
     /// lives as long as the port: invalidating it does nothing; invalidate the port instead.
@@ -375,13 +375,15 @@ final class SendConnection: @unchecked Sendable {
         }
     }
 
-    /// Ends the connection, without waiting: no send is accepted from now on, and what was
-    /// sent before still goes out, first. Pending bytes the socket does not take now linger:
-    /// the loop or the flusher that has them writes them when the receiver reads, and then
-    /// shuts the socket down; if they are not all written within `finalFlushPatience`, the
-    /// rest is dropped (and logged), so a receiver that never reads holds no descriptor of
-    /// ours for long. A Mach port's queued messages outlive the send right that sent them in
-    /// the same way.
+    /// Ends the connection, without waiting (unless the process has no flusher, which only a
+    /// process out of threads lacks: then it writes them itself, waiting up to
+    /// `finalFlushPatience`): no send is accepted from now on, and what was sent before still
+    /// goes out, first. Pending bytes the socket does not take now linger: the loop or the
+    /// flusher that has them writes them when the receiver reads, and then shuts the socket
+    /// down; whatever is still unwritten `finalFlushPatience` after the invalidation is dropped
+    /// (and logged; the receiver may see the last frame cut short, which it drops), so a
+    /// receiver that never reads holds no descriptor of ours for long. A Mach port's queued
+    /// messages outlive the send right that sent them in the same way.
     func invalidate(reason: String) {
         let linger = lock.withLock { state -> (Bool, handOver: Bool)? in
             guard state.invalidReason == nil else { return nil }
@@ -408,7 +410,8 @@ final class SendConnection: @unchecked Sendable {
         }
         if linger.handOver { flusher.perform { flusher.flushPendingWrites(of: self) } }
         flusher.perform {
-            PKRunLoop.current.scheduleTimer(after: Self.finalFlushPatience, forMode: .common) { [self] _ in endLinger() }
+            // Weak: a linger that ends sooner (all written) lets go of the connection at once.
+            PKRunLoop.current.scheduleTimer(after: Self.finalFlushPatience, forMode: .common) { [weak self] _ in self?.endLinger() }
         }
     }
 
@@ -639,14 +642,15 @@ final class SendConnection: @unchecked Sendable {
     }
 
     /// Writes every pending byte, waiting for room for `finalFlushPatience` at most (an
-    /// invalidated connection's bytes until the end of their linger); a flush that cannot
-    /// finish by then closes the connection. For a process that ends with bytes pending, and a
-    /// thread or an invalidation with no flusher to hand them to. Safe from any thread.
+    /// invalidated connection's bytes until the end of their linger), and not past `limit`
+    /// (the exit's one deadline for all its connections); a flush that cannot finish by then
+    /// closes the connection. For a process that ends with bytes pending, and a thread or an
+    /// invalidation with no flusher to hand them to. Safe from any thread.
     ///
     /// It waits for room without the lock, as a send does: held, the lock stopped every other
     /// thread's send on the connection (whatever its deadline), `isValid`, and the flusher,
     /// which serves every connection of the process, for up to `finalFlushPatience`.
-    func flushPending() {
+    func flushPending(until limit: PKDeadline? = nil) {
         var deadline: PKDeadline?
         while true {
             let waitUntil: PKDeadline? = lock.withLock { state in
@@ -656,7 +660,8 @@ final class SendConnection: @unchecked Sendable {
                     endLingerWritten(&state)
                     return nil
                 }
-                let until = deadline ?? state.lingerUntil ?? .after(Self.finalFlushPatience)
+                let own = state.lingerUntil ?? .after(Self.finalFlushPatience)
+                let until = deadline ?? limit.map { min($0, own) } ?? own
                 do throws(PKError) {
                     if try flushLocked(&state, until: .distantPast, failOnTimeout: false) {
                         endLingerWritten(&state)
@@ -823,6 +828,9 @@ enum PendingWritesAtExit {
             defer { table = [:] }
             return Array(table.values)
         }
-        for connection in pending { connection.flushPending() }
+        // One deadline for all: the exit waits `finalFlushPatience` at most, however many
+        // receivers are behind.
+        let limit = PKDeadline.after(SendConnection.finalFlushPatience)
+        for connection in pending { connection.flushPending(until: limit) }
     }
 }

@@ -1137,12 +1137,13 @@ public final class PKRunLoop: @unchecked Sendable {
         if connection.flushPendingWithoutWaiting() == .blocked { watchForRoom(connection) }
     }
 
-    /// Flushes pending bytes, waiting for room, when the thread (or, from `exit`, the
-    /// process) ends. Loop-only.
+    /// Flushes pending bytes, waiting for room (`SendConnection.finalFlushPatience` at most,
+    /// for all of them together), when the thread ends. Loop-only.
     func flushPendingWritesFinally() {
         let connections = pendingWrites + takeBlockedWrites()
         pendingWrites = []
-        for connection in connections { connection.flushPending() }
+        let limit = PKDeadline.after(SendConnection.finalFlushPatience)
+        for connection in connections { connection.flushPending(until: limit) }
     }
 
     /// The connections watched for room, no longer watched. Loop-only.

@@ -92,7 +92,8 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
     ///
     /// - Throws: as `send(_:before:)`.
     func send(_ message: PKZMQMessage, reply: ZMQPortAddress?, on connection: ZMQConnection, before deadline: PKDeadline) throws(PKError) {
-        let replyAddress = reply ?? message.replyPort?.address(toward: right.endpoint, before: deadline)
+        var replyAddress = reply
+        if replyAddress == nil { replyAddress = try message.replyPort?.address(toward: right.endpoint, before: deadline) }
         switch message.body {
         case .bytes(let bytes) where replyAddress == nil:
             // One data component and no reply port (the usual message): measured and written
@@ -113,10 +114,10 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
                      on: connection, before: deadline)
         case .components(let all) where all.contains(where: { $0.port != nil }):
             // Each port's address is found once, so that measuring and writing see the same one.
-            let components = all.map { component -> ZMQWireComponent in
+            let components = try all.map { component throws(PKError) -> ZMQWireComponent in
                 switch component {
                 case .data(let bytes): .data(bytes)
-                case .port(let port): .port(port.address(toward: right.endpoint, before: deadline))
+                case .port(let port): .port(try port.address(toward: right.endpoint, before: deadline))
                 }
             }
             try send(msgid: message.msgid, components: components, reply: replyAddress, on: connection, before: deadline)
@@ -141,9 +142,9 @@ public struct PKZMQSendPort: Sendable, Hashable, CustomStringConvertible {
 
     /// This port's address as a peer at `destination` can reach it (see
     /// `ZMQEndpoint.advertised(toward:before:)`).
-    func address(toward destination: ZMQEndpoint, before deadline: PKDeadline) -> ZMQPortAddress {
+    func address(toward destination: ZMQEndpoint, before deadline: PKDeadline) throws(PKError) -> ZMQPortAddress {
         guard right.endpoint.isWildcard else { return right.address }
-        return ZMQPortAddress(endpoint: right.endpoint.advertised(toward: destination, before: deadline), portID: portID)
+        return ZMQPortAddress(endpoint: try right.endpoint.advertised(toward: destination, before: deadline), portID: portID)
     }
 
     /// Whether the port can still be reached through this right: false once it was

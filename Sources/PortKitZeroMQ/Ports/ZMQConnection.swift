@@ -71,6 +71,8 @@ final class ZMQConnection: @unchecked Sendable {
         var flusherPaused = false
         /// Sends waiting for room, without the lock (see `roomChanged`).
         var roomWaiters = 0
+        /// The address a connection to a host name connected to (see `connectWhenKnown`).
+        var connectedTo: String?
 
         /// How soon the flusher tries again after finding the receiver's queue full: 1 ms, twice
         /// as long each time up to 64 ms (a receiver that stays behind costs its sender's flusher
@@ -106,12 +108,13 @@ final class ZMQConnection: @unchecked Sendable {
         // connects to its address once it is known: libzmq would look it up on its I/O thread,
         // which serves every ZeroMQ socket of the process, at every try.
         var name: (host: String, port: String)?
-        if case .tcp(let host, let port) = endpoint, HostResolver.isName(host) {
-            // What zmq_connect would refuse (an endpoint that skipped PortKit's checks).
-            guard ZMQEndpoint.isHostLibzmqAccepts(host) else {
+        if case .tcp(let host, let port) = endpoint, HostResolver.kind(of: host) != .address {
+            // What zmq_connect would refuse (an endpoint that skipped PortKit's checks), and what
+            // it would look up itself (a zone or interface suffix, a name in brackets).
+            guard ZMQEndpoint.isHostLibzmqAccepts(host), HostResolver.kind(of: host) == .name else {
                 monitor.cancel(monitoring: push)
                 push.close()
-                throw PKError(.badName, "cannot connect to \(endpoint): libzmq refuses its host")
+                throw PKError(.badName, "cannot connect to \(endpoint): its host is neither an address nor a host name")
             }
             name = (host, port)
         }
@@ -134,26 +137,48 @@ final class ZMQConnection: @unchecked Sendable {
     /// Connects to `host` (a name) at `port` once its address is known. While the name has
     /// none, it looks again every `HostResolver.keepFailed`, as long as the connection lives
     /// (as libzmq tries a refused connection again); sends wait for it until their deadlines.
+    /// A connection whose handshake has not succeeded `HostResolver.keepFound` after it
+    /// connected looks the name up again, and follows it to a new address (as libzmq, which
+    /// looked the name up at every try, did).
     private func connectWhenKnown(host: String, port: String) {
         HostResolver.whenKnown(host) { [weak self] address in
             guard let self, deadReason == nil else { return }
             guard let address else {
-                PKRunLoop.background.perform {
-                    PKRunLoop.current.scheduleTimer(after: HostResolver.keepFailed, forMode: .common) { [weak self] _ in
-                        self?.connectWhenKnown(host: host, port: port)
-                    }
-                }
+                later(HostResolver.keepFailed) { $0.connectWhenKnown(host: host, port: port) }
                 return
             }
             let refused = sending.withLock { sending -> PKError? in
-                guard let socket = sending.socket else { return nil }
-                do throws(PKError) { try socket.connect("tcp://\(address):\(port)") } catch { return error }
+                let target = "tcp://\(address):\(port)"
+                guard let socket = sending.socket, target != sending.connectedTo else { return nil }
+                if let old = sending.connectedTo { socket.disconnect(old) }
+                do throws(PKError) { try socket.connect(target) } catch { return error }
+                sending.connectedTo = target
                 // zmq_connect reads libzmq's commands: the news a waiting send's ZMQ_FD would
                 // have woken it for.
                 if sending.roomWaiters > 0 { roomChanged.signal() }
                 return nil
             }
-            if let refused { die("cannot connect to \(endpoint) at \(address): \(refused.message)") }
+            if let refused {
+                // Not here: this may run inside `init`, under the connection cache's lock,
+                // which `die` takes.
+                later(.zero) { $0.die("cannot connect to \($0.endpoint) at \(address): \(refused.message)") }
+                return
+            }
+            later(HostResolver.keepFound) { connection in
+                if !connection.isEstablished { connection.connectWhenKnown(host: host, port: port) }
+            }
+        }
+    }
+
+    /// Runs `body` with this connection after `delay`, on the background loop, if it still
+    /// lives then (the timer holds it weakly).
+    private func later(_ delay: Duration, _ body: @escaping @Sendable (ZMQConnection) -> Void) {
+        PKRunLoop.background.perform { [weak self] in
+            guard self != nil else { return }
+            PKRunLoop.current.scheduleTimer(after: delay, forMode: .common) { [weak self] _ in
+                guard let self, deadReason == nil else { return }
+                body(self)
+            }
         }
     }
 

@@ -59,11 +59,12 @@ final class ZMQReplyService: Sendable {
             let random = UInt64.random(in: 0 ... .max)
             bindTo = .ipc(path: "@portkit-zmq-reply-\(geteuid())-\(getpid())-\(String(random, radix: 16))")
         case .tcp(let host, _):
-            guard let local = PKZMQTransport.replyHost ?? LocalAddress.toward(host: host, before: deadline) else {
-                if deadline.hasPassed, HostResolver.isName(host) {
-                    throw PKError(.sendTimedOut, "the address of \(host) was not found before the send deadline; nothing was sent")
-                }
-                throw PKError(.transport, "no local address reaches \(host) for replies; set PKZMQTransport.replyHost")
+            let local: String
+            switch PKZMQTransport.replyHost.map({ .address($0) }) ?? LocalAddress.toward(host: host, before: deadline) {
+            case .address(let address): local = address
+            case .none: throw PKError(.transport, "no local address reaches \(host) for replies; set PKZMQTransport.replyHost")
+            case .unanswered:
+                throw PKError(.sendTimedOut, "the address of \(host) was not found before the send deadline; nothing was sent")
             }
             key = local
             bindTo = .tcp(host: local, port: "*")
@@ -75,7 +76,7 @@ final class ZMQReplyService: Sendable {
             endpoints[key] = bound
             return bound
         }
-        return bound.parsed.isWildcard ? bound.parsed.advertised(toward: destination, before: deadline) : bound.text
+        return bound.parsed.isWildcard ? try bound.parsed.advertised(toward: destination, before: deadline) : bound.text
     }
 
     /// Registers a waiter; returns the port id its reply comes to.

@@ -7,7 +7,10 @@
 // at each try. PortKit looks names up itself, on threads of its own (`maxLookups` at a time), and
 // gives libzmq the numeric address; a caller waits for the answer until its own deadline, and a
 // lookup that outlives it goes on for the next caller. Answers are kept a while (`keepFound`,
-// `keepFailed`), so a name is not looked up for every message or every try.
+// `keepFailed`); a found one that has expired is still used while it is looked up again. At
+// most `maxPending` names wait for an answer at once, each with one eventfd: past that, a new
+// name has no answer for now (its connection tries again a second later), so a peer that sends
+// many names that never answer holds at most that many descriptors and threads.
 
 import Glibc
 import PortKit
@@ -15,107 +18,181 @@ import PortKit
 enum HostResolver {
     /// At most this many names are looked up at once; more wait their turn.
     static let maxLookups = 4
+    /// At most this many names wait for an answer (looked up or queued).
+    static let maxPending = 64
     /// How long a found address is used before the name is looked up again.
     static let keepFound = Duration.seconds(60)
     /// How long a failed lookup's answer stands (a connection tries again after it).
     static let keepFailed = Duration.seconds(1)
 
-    private enum Answer {
-        /// Being looked up, or waiting its turn: `done` is signalled with the answer.
-        case pending(done: InterruptSignal, waiters: [@Sendable (String?) -> Void])
+    /// What a host of a `tcp://` endpoint to connect to is.
+    enum Kind {
+        /// A numeric address (IPv4, or IPv6 in brackets or not): libzmq takes it as it is.
+        case address
+        /// A name, to look up.
+        case name
+        /// Neither, yet libzmq would take it (a zone or interface suffix `%...`, brackets around
+        /// a name) and look it up on its I/O thread: refused.
+        case refused
+    }
+
+    /// What `host` is (see `Kind`).
+    static func kind(of host: String) -> Kind {
+        var ipv4 = in_addr()
+        if inet_pton(AF_INET, host, &ipv4) == 1 { return .address }
+        var inside = Substring(host)
+        if inside.hasPrefix("[") && inside.hasSuffix("]") && inside.count >= 2 { inside = inside.dropFirst().dropLast() }
+        var ipv6 = in6_addr()
+        if inet_pton(AF_INET6, String(inside), &ipv6) == 1 { return .address }
+        return host.contains(where: { "[]:%".contains($0) }) ? .refused : .name
+    }
+
+    /// What a lookup came to.
+    enum Answer: Equatable {
+        /// The name's (first IPv4) address, or `host` itself when it is not a name.
+        case address(String)
+        /// The name has no IPv4 address (or the lookup failed).
+        case none
+        /// No answer yet (by the caller's deadline, or the lookups are full).
+        case unanswered
+    }
+
+    private enum Entry {
+        /// Being looked up, or waiting its turn: `done` is signalled with the answer. `stale`:
+        /// the address found before, used meanwhile.
+        case pending(done: InterruptSignal, waiters: [@Sendable (String?) -> Void], stale: String?)
         /// Found (the IPv4 address) or not (`nil`), until `until` (nanoseconds of uptime).
         case known(String?, until: UInt64)
     }
 
     private struct State {
-        var answers: [String: Answer] = [:]
+        var entries: [String: Entry] = [:]
         var queue: [String] = []
         var lookups = 0
+        var pending = 0
     }
 
     private static let state = ZMQMutex(State())
+
+    /// Tests: how many names wait for an answer.
+    static var pendingCount: Int { state.withLock { $0.pending } }
+
+    /// Tests: makes the answer known for `host` expire now (it is still used while the name is
+    /// looked up again).
+    static func expire(_ host: String) {
+        state.withLock { state in
+            if case .known(let address, _)? = state.entries[host] { state.entries[host] = .known(address, until: 0) }
+        }
+    }
 
     /// Tests: answers for names of the tests' own (a lookup that does not answer for a while,
     /// say) while set; `.none` for any other name, which is looked up as usual.
     static let lookUpForTests = ZMQMutex<(@Sendable (String) -> String??)?>(nil)
 
-    /// Whether `host` (of a `tcp://` endpoint) is a name to look up: not an IPv4 address, and
-    /// not an IPv6 address or an interface, which libzmq takes as they are.
-    static func isName(_ host: String) -> Bool {
-        guard host != "*", !host.contains(":"), !host.contains("["), !host.contains("%") else { return false }
-        var address = in_addr()
-        return inet_pton(AF_INET, host, &address) != 1
-    }
-
-    /// The IPv4 address of `host`: `host` itself if it is not a name (`isName`); else the
-    /// answer known, or one looked up now, on a lookup thread, waited for until `deadline`.
-    /// `nil` if the name has no IPv4 address, or no answer came in time (the lookup goes on).
-    static func address(of host: String, before deadline: PKDeadline) -> String? {
-        guard isName(host) else { return host }
-        let pending = state.withLock { state -> InterruptSignal? in
-            switch answer(for: host, &state) {
-            case .known: return nil
-            case .pending(let done, _): return done
+    /// The address of `host`: itself if it is not a name; else the answer known (a found one
+    /// that expired is used while it is looked up again), or one looked up now on a lookup
+    /// thread, waited for until `deadline`.
+    static func address(of host: String, before deadline: PKDeadline) -> Answer {
+        guard kind(of: host) == .name else { return .address(host) }
+        let next = state.withLock { state -> Step in step(for: host, &state) }
+        switch next {
+        case .known(let address?): return .address(address)
+        case .known(nil): return .none
+        case .full: return .unanswered
+        case .wait(let done):
+            _ = Descriptors.waitReadable([done.descriptor], until: deadline)
+            return state.withLock { state in
+                switch state.entries[host] {
+                case .known(let address?, _)?: .address(address)
+                case .known(nil, _)?: .none
+                case .pending(_, _, let stale?)?: .address(stale)
+                default: .unanswered
+                }
             }
         }
-        if let pending { _ = Descriptors.waitReadable([pending.descriptor], until: deadline) }
-        return state.withLock { state in
-            if case .known(let address, _)? = state.answers[host] { return address }
-            return nil
-        }
     }
 
-    /// Calls `handler` with the IPv4 address of the name `host` (`nil` if it has none): at once
-    /// if a fresh answer is known, else on a lookup thread once it is.
+    /// Calls `handler` with the address of the name `host` (`nil` if it has none, or if no
+    /// answer can be waited for now): at once if an answer is known or none can be waited for,
+    /// else on a lookup thread once it is.
     static func whenKnown(_ host: String, _ handler: @escaping @Sendable (String?) -> Void) {
-        let known = state.withLock { state -> String?? in
-            switch answer(for: host, &state) {
-            case .known(let address, _):
-                return .some(address)
-            case .pending(let done, var waiters):
+        let now = state.withLock { state -> String?? in
+            switch step(for: host, &state) {
+            case .known(let address): return .some(address)
+            case .full: return .some(nil)
+            case .wait:
+                guard case .pending(let done, var waiters, let stale)? = state.entries[host] else { return .some(nil) }
                 waiters.append(handler)
-                state.answers[host] = .pending(done: done, waiters: waiters)
+                state.entries[host] = .pending(done: done, waiters: waiters, stale: stale)
                 return .none
             }
         }
-        if case .some(let address) = known { handler(address) }
+        if case .some(let address) = now { handler(address) }
     }
 
-    /// The answer for `host`: a fresh one, or a lookup queued (and a thread started for it, if
-    /// fewer than `maxLookups` run). Under the lock.
-    private static func answer(for host: String, _ state: inout State) -> Answer {
+    private enum Step {
+        /// An answer to give now (a fresh one, or a stale address while it is looked up again).
+        case known(String?)
+        /// Wait for `done`.
+        case wait(InterruptSignal)
+        /// No answer, and none can be waited for now (`maxPending` names wait already).
+        case full
+    }
+
+    /// What a caller asking for `host` does: take a known answer, or wait for one (a lookup
+    /// queued if none is, and a thread started for it if fewer than `maxLookups` run). Under
+    /// the lock.
+    private static func step(for host: String, _ state: inout State) -> Step {
         let now = PKDeadline.now.uptimeNanoseconds
-        if let answer = state.answers[host] {
-            switch answer {
-            case .pending: return answer
-            case .known(_, let until) where until > now: return answer
-            case .known: break
-            }
+        var stale: String?
+        switch state.entries[host] {
+        case .pending(let done, _, let old)?:
+            if let old { return .known(old) }
+            return .wait(done)
+        case .known(let address, let until)?:
+            if until > now { return .known(address) }
+            stale = address
+        case nil:
+            break
         }
-        guard let done = try? InterruptSignal() else {
-            // Out of descriptors: no wait can be made, and the caller is told now.
-            return .known(nil, until: now)
+        guard state.pending < maxPending, let done = try? InterruptSignal() else {
+            return stale.map { .known($0) } ?? .full
         }
-        // Forgets stale answers now and then, so that names seen once do not pile up.
-        if state.answers.count >= 256 {
-            state.answers = state.answers.filter { _, answer in
-                if case .known(_, let until) = answer { return until > now }
-                return true
-            }
-        }
-        let answer = Answer.pending(done: done, waiters: [])
-        state.answers[host] = answer
+        forgetExpired(&state, now: now)
+        state.entries[host] = .pending(done: done, waiters: [], stale: stale)
+        state.pending += 1
         state.queue.append(host)
         if state.lookups < maxLookups {
             do throws(PKError) {
                 _ = try SystemThread(name: "PortKit.resolve") { lookUpQueued() }
                 state.lookups += 1
             } catch {
-                // No thread: a lookup thread already running takes it, or the next caller
-                // starts one; meanwhile it waits in the queue.
+                // A lookup thread that runs takes it in its turn. With none, nothing would:
+                // the name has no answer for now.
+                if state.lookups == 0 {
+                    state.queue.removeLast()
+                    state.pending -= 1
+                    state.entries[host] = stale.map { .known($0, until: now) }
+                    return stale.map { .known($0) } ?? .full
+                }
             }
         }
-        return answer
+        return stale.map { .known($0) } ?? .wait(done)
+    }
+
+    /// Keeps the table of answers small: the expired ones go once it holds 256, and every
+    /// known one if it still holds 1,024 (names that answer, 60 s each, at a high rate).
+    private static func forgetExpired(_ state: inout State, now: UInt64) {
+        guard state.entries.count >= 256 else { return }
+        state.entries = state.entries.filter { _, entry in
+            if case .known(_, let until) = entry { return until > now }
+            return true
+        }
+        guard state.entries.count >= 1024 else { return }
+        state.entries = state.entries.filter { _, entry in
+            if case .known = entry { return false }
+            return true
+        }
     }
 
     /// On a lookup thread: looks up queued names until there are none.
@@ -132,9 +209,9 @@ enum HostResolver {
             let address = (lookUpForTests.withLock { $0 })?(host) ?? lookUp(host)
             let keep = address == nil ? keepFailed : keepFound
             let (done, waiters) = state.withLock { state -> (InterruptSignal?, [@Sendable (String?) -> Void]) in
-                let until = PKDeadline.after(keep).uptimeNanoseconds
-                defer { state.answers[host] = .known(address, until: until) }
-                guard case .pending(let done, let waiters)? = state.answers[host] else { return (nil, []) }
+                guard case .pending(let done, let waiters, _)? = state.entries[host] else { return (nil, []) }
+                state.entries[host] = .known(address, until: PKDeadline.after(keep).uptimeNanoseconds)
+                state.pending -= 1
                 return (done, waiters)
             }
             done?.signal()

@@ -10,16 +10,21 @@ enum LocalAddress {
     /// Answers already found, by remote address: the route toward one is found once per process.
     private static let known = ZMQMutex<[String: String]>([:])
 
-    /// The local IPv4 address the kernel routes toward `host` (an IPv4 literal or a name), or
-    /// nil if it has none, or if the name's address was not known by `deadline` (it is looked
-    /// up off this thread: `HostResolver`). Sends nothing: a UDP `connect` only picks the
-    /// route. Remembered per remote address for the life of the process.
-    static func toward(host: String, before deadline: PKDeadline) -> String? {
-        guard let remote = HostResolver.address(of: host, before: deadline) else { return nil }
-        if let address = known.withLock({ $0[remote] }) { return address }
-        guard let address = route(toward: remote) else { return nil }
+    /// The local IPv4 address the kernel routes toward `host` (an IPv4 literal or a name):
+    /// `.none` if it has none (or the name has no address), `.unanswered` if the name's address
+    /// was not known by `deadline` (it is looked up off this thread: `HostResolver`). Sends
+    /// nothing: a UDP `connect` only picks the route. Remembered per remote address for the
+    /// life of the process.
+    static func toward(host: String, before deadline: PKDeadline) -> HostResolver.Answer {
+        let remote: String
+        switch HostResolver.address(of: host, before: deadline) {
+        case .address(let address): remote = address
+        case let other: return other
+        }
+        if let address = known.withLock({ $0[remote] }) { return .address(address) }
+        guard let address = route(toward: remote) else { return .none }
         known.withLock { $0[remote] = address }
-        return address
+        return .address(address)
     }
 
     /// Toward a numeric address: no lookup. The corresponding system calls are

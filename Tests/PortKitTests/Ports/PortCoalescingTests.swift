@@ -59,7 +59,7 @@ import Testing
 
     /// A socket pair whose writing end is full: what a right on it sends waits in its pending
     /// bytes. Returns the ends and how many bytes fill it.
-    private static func fullSocket() throws -> (readEnd: Int32, writeEnd: Int32, junkBytes: Int) {
+    static func fullSocket() throws -> (readEnd: Int32, writeEnd: Int32, junkBytes: Int) {
         let (readEnd, writeEnd) = try Socket.pair()
         var junkBytes = 0
         let junk = [UInt8](repeating: 0, count: 4096)
@@ -94,20 +94,51 @@ import Testing
     @Test func anInvalidationWithBytesPendingReturnsAtOnceAndTheyStillGoFirst() throws {
         let (readEnd, writeEnd, junkBytes) = try Self.fullSocket()
         defer { Descriptor.close(readEnd) }
-        let right = PKSendPort(connection: SendConnection(takingOwnershipOf: writeEnd))
-        try right.send(PKPortMessage(msgid: 1, data: [1, 2, 3]), timeout: .seconds(20))
-        let invalidated = Locked(false)
-        let thread = TestThread(name: "invalidator") {
-            right.invalidate()
-            invalidated.value = true
-        }
-        defer { try? thread.joinPatiently() }
-        try waitPatiently("the invalidation to return", timeout: .seconds(10)) { invalidated.value }
+        let connection = SendConnection(takingOwnershipOf: writeEnd)
+        let right = PKSendPort(connection: connection)
+        let message = PKPortMessage(msgid: 1, data: [1, 2, 3])
+        try right.send(message, timeout: .seconds(20))
+        right.invalidate()
+        // Returned with the frame still waiting: it waited for room before.
+        #expect(connection.isLingering)
         #expect(!right.isValid)
         #expect(throws: PKError.self) { try right.send(PKPortMessage(msgid: 2), timeout: .seconds(1)) }
-        // The receiver reads: the junk, the frame, then the end.
+        // The receiver reads: the junk, the whole frame (as long as the same message sent on
+        // an empty socket), then the end.
         let received = try Self.readToTheEnd(readEnd)
-        #expect(received > junkBytes, "the frame sent before the invalidation was lost")
+        #expect(received == junkBytes + (try Self.frameSize(of: message)), "the frame sent before the invalidation was lost, or cut")
+    }
+
+    /// A process that exits with a frame pending toward each of three receivers that read
+    /// nothing waits `finalFlushPatience` (5 s) at most for them all, not that long for each.
+    /// (Each connection's flush counted its 5 s from its own start: 15 s here.)
+    @Test func anExitWaitsForAllItsReceiversTogether() async {
+        let start = Locked(PKDeadline.now)
+        await exitTestInTurn {
+            start.value = .now  // once the other exit tests are over
+            await #expect(processExitsWith: .success) {
+                var rights: [PKSendPort] = []
+                for _ in 0..<3 {
+                    let (_, writeEnd, _) = try! PortCoalescingTests.fullSocket()  // the readers stay open, unread
+                    let right = PKSendPort(connection: SendConnection(takingOwnershipOf: writeEnd))
+                    try! right.send(PKPortMessage(msgid: 1, data: [1, 2, 3]), timeout: .seconds(20))
+                    rights.append(right)
+                }
+                withExtendedLifetime(rights) { exit(0) }
+            }
+        }
+        let elapsed = Double(PKDeadline.now.uptimeNanoseconds - start.value.uptimeNanoseconds) / 1e9
+        #expect(elapsed < 12, "the exit took \(elapsed) s")
+    }
+
+    /// How many bytes `message` takes on a connection.
+    private static func frameSize(of message: PKPortMessage) throws -> Int {
+        let (readEnd, writeEnd) = try Socket.pair()
+        defer { Descriptor.close(readEnd) }
+        let right = PKSendPort(connection: SendConnection(takingOwnershipOf: writeEnd))
+        try right.send(message, timeout: .seconds(20))
+        right.invalidate()
+        return try readToTheEnd(readEnd)
     }
 
     /// A right invalidated with a frame pending, whose receiver never reads: the frame lingers
