@@ -65,7 +65,7 @@ public enum PKZMQEndpoint {
     /// unreachable host, or a host name whose address was not found within `timeout`.
     public static func localTCP(toward endpoint: String, timeout: Duration = .seconds(5)) -> String? {
         guard case .tcp(let host, _)? = try? ZMQEndpoint(parsing: endpoint),
-              case .address(let local) = LocalAddress.toward(host: host == "*" ? "127.0.0.1" : host, before: .after(timeout))
+              case .local(let local) = LocalAddress.toward(host: host == "*" ? "127.0.0.1" : host, before: .after(timeout))
         else { return nil }
         return "tcp://\(local):*"
     }
@@ -195,10 +195,9 @@ enum ZMQEndpoint: Hashable, Sendable, CustomStringConvertible {
         switch destination {
         case .tcp(let host, _):
             switch LocalAddress.toward(host: host, before: deadline) {
-            case .address(let address): local = address
-            case .none where HostResolver.kind(of: host) == .name:
-                throw PKError(.transport, "the host name \(host) has no IPv4 address; nothing was sent")
-            case .none: local = "127.0.0.1"
+            case .local(let address): local = address
+            case .noRoute: local = "127.0.0.1"
+            case .noAddress: throw PKError(.transport, "the host name \(host) has no IPv4 address; nothing was sent")
             case .unanswered:
                 throw PKError(.sendTimedOut, "the address of \(host) was not found before the send deadline; nothing was sent")
             }

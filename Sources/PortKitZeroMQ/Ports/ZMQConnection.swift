@@ -150,7 +150,11 @@ final class ZMQConnection: @unchecked Sendable {
             let refused = sending.withLock { sending -> PKError? in
                 let target = "tcp://\(address):\(port)"
                 guard let socket = sending.socket, target != sending.connectedTo else { return nil }
-                if let old = sending.connectedTo { socket.disconnect(old) }
+                if let old = sending.connectedTo {
+                    // The handshake may have succeeded since the timer looked: keep it.
+                    guard !isEstablished else { return nil }
+                    socket.disconnect(old)
+                }
                 do throws(PKError) { try socket.connect(target) } catch { return error }
                 sending.connectedTo = target
                 // zmq_connect reads libzmq's commands: the news a waiting send's ZMQ_FD would

@@ -60,9 +60,10 @@ final class ZMQReplyService: Sendable {
             bindTo = .ipc(path: "@portkit-zmq-reply-\(geteuid())-\(getpid())-\(String(random, radix: 16))")
         case .tcp(let host, _):
             let local: String
-            switch PKZMQTransport.replyHost.map({ .address($0) }) ?? LocalAddress.toward(host: host, before: deadline) {
-            case .address(let address): local = address
-            case .none: throw PKError(.transport, "no local address reaches \(host) for replies; set PKZMQTransport.replyHost")
+            switch PKZMQTransport.replyHost.map({ .local($0) }) ?? LocalAddress.toward(host: host, before: deadline) {
+            case .local(let address): local = address
+            case .noRoute: throw PKError(.transport, "no local address reaches \(host) for replies; set PKZMQTransport.replyHost")
+            case .noAddress: throw PKError(.transport, "the host name \(host) has no IPv4 address; nothing was sent")
             case .unanswered:
                 throw PKError(.sendTimedOut, "the address of \(host) was not found before the send deadline; nothing was sent")
             }

@@ -38,12 +38,12 @@ enum HostResolver {
 
     /// What `host` is (see `Kind`).
     static func kind(of host: String) -> Kind {
-        var ipv4 = in_addr()
-        if inet_pton(AF_INET, host, &ipv4) == 1 { return .address }
+        if host == "*" { return .address }  // every interface, for binding: never looked up
         var inside = Substring(host)
         if inside.hasPrefix("[") && inside.hasSuffix("]") && inside.count >= 2 { inside = inside.dropFirst().dropLast() }
+        var ipv4 = in_addr()
         var ipv6 = in6_addr()
-        if inet_pton(AF_INET6, String(inside), &ipv6) == 1 { return .address }
+        if inet_pton(AF_INET, String(inside), &ipv4) == 1 || inet_pton(AF_INET6, String(inside), &ipv6) == 1 { return .address }
         return host.contains(where: { "[]:%".contains($0) }) ? .refused : .name
     }
 
@@ -94,7 +94,12 @@ enum HostResolver {
     /// thread, waited for until `deadline`.
     static func address(of host: String, before deadline: PKDeadline) -> Answer {
         guard kind(of: host) == .name else { return .address(host) }
-        let next = state.withLock { state -> Step in step(for: host, &state) }
+        var next = state.withLock { state -> Step in step(for: host, &state) }
+        // `maxPending` names wait already: look again every 10 ms until one is answered.
+        while case .full = next, !deadline.hasPassed {
+            _ = Descriptors.waitReadable([], until: min(deadline, .after(.milliseconds(10))))
+            next = state.withLock { state -> Step in step(for: host, &state) }
+        }
         switch next {
         case .known(let address?): return .address(address)
         case .known(nil): return .none
@@ -180,18 +185,21 @@ enum HostResolver {
         return stale.map { .known($0) } ?? .wait(done)
     }
 
-    /// Keeps the table of answers small: the expired ones go once it holds 256, and every
-    /// known one if it still holds 1,024 (names that answer, 60 s each, at a high rate).
+    /// Keeps the table of answers small. From 256 entries, expired failures go; from 1,024,
+    /// expired addresses too (a live connection to one looks it up again); past 4,096 (a peer
+    /// whose DNS answers every name, at a high rate), every known answer.
     private static func forgetExpired(_ state: inout State, now: UInt64) {
         guard state.entries.count >= 256 else { return }
-        state.entries = state.entries.filter { _, entry in
-            if case .known(_, let until) = entry { return until > now }
-            return true
-        }
-        guard state.entries.count >= 1024 else { return }
-        state.entries = state.entries.filter { _, entry in
-            if case .known = entry { return false }
-            return true
+        let limits: [(count: Int, keep: (String?, UInt64) -> Bool)] = [
+            (256, { address, until in address != nil || until > now }),
+            (1024, { _, until in until > now }),
+            (4096, { _, _ in false }),
+        ]
+        for (count, keep) in limits where state.entries.count >= count {
+            state.entries = state.entries.filter { _, entry in
+                if case .known(let address, let until) = entry { return keep(address, until) }
+                return true
+            }
         }
     }
 
@@ -206,13 +214,16 @@ enum HostResolver {
                 return state.queue.removeFirst()
             }
             guard let host = next else { return }
-            let address = (lookUpForTests.withLock { $0 })?(host) ?? lookUp(host)
-            let keep = address == nil ? keepFailed : keepFound
-            let (done, waiters) = state.withLock { state -> (InterruptSignal?, [@Sendable (String?) -> Void]) in
-                guard case .pending(let done, let waiters, _)? = state.entries[host] else { return (nil, []) }
+            let found = (lookUpForTests.withLock { $0 })?(host) ?? lookUp(host)
+            let (done, waiters, address) = state.withLock { state -> (InterruptSignal?, [@Sendable (String?) -> Void], String?) in
+                guard case .pending(let done, let waiters, let stale)? = state.entries[host] else { return (nil, [], found) }
+                // A lookup that fails keeps the address found before (DNS down for a while must
+                // not cut off a name that had one), and is tried again as a failure is.
+                let address = found ?? stale
+                let keep = found == nil ? keepFailed : keepFound
                 state.entries[host] = .known(address, until: PKDeadline.after(keep).uptimeNanoseconds)
                 state.pending -= 1
-                return (done, waiters)
+                return (done, waiters, address)
             }
             done?.signal()
             for waiter in waiters { waiter(address) }

@@ -10,21 +10,33 @@ enum LocalAddress {
     /// Answers already found, by remote address: the route toward one is found once per process.
     private static let known = ZMQMutex<[String: String]>([:])
 
-    /// The local IPv4 address the kernel routes toward `host` (an IPv4 literal or a name):
-    /// `.none` if it has none (or the name has no address), `.unanswered` if the name's address
-    /// was not known by `deadline` (it is looked up off this thread: `HostResolver`). Sends
-    /// nothing: a UDP `connect` only picks the route. Remembered per remote address for the
-    /// life of the process.
-    static func toward(host: String, before deadline: PKDeadline) -> HostResolver.Answer {
+    /// What `toward(host:before:)` found.
+    enum Route: Equatable {
+        /// The local address.
+        case local(String)
+        /// The kernel has no route toward the host's address.
+        case noRoute
+        /// The host is a name with no IPv4 address.
+        case noAddress
+        /// The name's address was not known by the caller's deadline.
+        case unanswered
+    }
+
+    /// The local IPv4 address the kernel routes toward `host` (an IPv4 literal or a name; a
+    /// name is looked up off this thread, `HostResolver`, until `deadline`). Sends nothing: a
+    /// UDP `connect` only picks the route. Remembered per remote address for the life of the
+    /// process.
+    static func toward(host: String, before deadline: PKDeadline) -> Route {
         let remote: String
         switch HostResolver.address(of: host, before: deadline) {
         case .address(let address): remote = address
-        case let other: return other
+        case .none: return .noAddress
+        case .unanswered: return .unanswered
         }
-        if let address = known.withLock({ $0[remote] }) { return .address(address) }
-        guard let address = route(toward: remote) else { return .none }
+        if let address = known.withLock({ $0[remote] }) { return .local(address) }
+        guard let address = route(toward: remote) else { return .noRoute }
         known.withLock { $0[remote] = address }
-        return .address(address)
+        return .local(address)
     }
 
     /// Toward a numeric address: no lookup. The corresponding system calls are
