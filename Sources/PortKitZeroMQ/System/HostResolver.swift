@@ -51,7 +51,7 @@ enum HostResolver {
     enum Answer: Equatable {
         /// The name's (first IPv4) address, or `host` itself when it is not a name.
         case address(String)
-        /// The name has no IPv4 address (or the lookup failed).
+        /// The name has no IPv4 address (or its lookup failed, with none found before).
         case none
         /// No answer yet (by the caller's deadline, or the lookups are full).
         case unanswered
@@ -61,7 +61,8 @@ enum HostResolver {
         /// Being looked up, or waiting its turn: `done` is signalled with the answer. `stale`:
         /// the address found before, used meanwhile.
         case pending(done: InterruptSignal, waiters: [@Sendable (String?) -> Void], stale: String?)
-        /// Found (the IPv4 address) or not (`nil`), until `until` (nanoseconds of uptime).
+        /// Found (the IPv4 address; after a failed lookup, the one found before) or not
+        /// (`nil`), until `until` (nanoseconds of uptime).
         case known(String?, until: UInt64)
     }
 
@@ -177,7 +178,7 @@ enum HostResolver {
                 if state.lookups == 0 {
                     state.queue.removeLast()
                     state.pending -= 1
-                    state.entries[host] = stale.map { .known($0, until: now) }
+                    state.entries[host] = stale.map { .known($0, until: PKDeadline.after(keepFailed).uptimeNanoseconds) }
                     return stale.map { .known($0) } ?? .full
                 }
             }

@@ -14,7 +14,7 @@ enum LocalAddress {
     enum Route: Equatable {
         /// The local address.
         case local(String)
-        /// The kernel has no route toward the host's address.
+        /// The kernel has no route toward the host's address (or it is not an IPv4 address).
         case noRoute
         /// The host is a name with no IPv4 address.
         case noAddress
@@ -29,7 +29,8 @@ enum LocalAddress {
     static func toward(host: String, before deadline: PKDeadline) -> Route {
         let remote: String
         switch HostResolver.address(of: host, before: deadline) {
-        case .address(let address): remote = address
+        // A bracketed address (`[10.0.0.5]`, as an endpoint may write one) without its brackets.
+        case .address(let address): remote = address.hasPrefix("[") && address.hasSuffix("]") ? String(address.dropFirst().dropLast()) : address
         case .none: return .noAddress
         case .unanswered: return .unanswered
         }
