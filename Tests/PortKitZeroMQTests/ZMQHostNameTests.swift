@@ -114,6 +114,60 @@ private final class FakeNames: Sendable {
         }
     }
 
+    /// A connection whose handshake has not succeeded (nothing listens at the name's address)
+    /// looks the name up again, and follows it to its new address.
+    @Test func aConnectionThatNeverConnectedFollowsTheNameToANewAddress() throws {
+        let names = FakeNames.shared
+        let moved = Self.name("moved")
+        names.add(moved, address: "127.0.0.2")  // the port listens on 127.0.0.1 only
+        HostResolver.keepFoundMilliseconds.store(200, ordering: .relaxed)
+        defer { HostResolver.keepFoundMilliseconds.store(60_000, ordering: .relaxed) }
+        try onLoopThread { loop in
+            var received: [UInt32] = []
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { received.append($0.msgid) }
+            defer { port.invalidate() }
+            try loop.add(port, forMode: .default)
+            let right = try PKZMQSendPort(connectingTo: "tcp://\(moved):\(Self.portNumber(of: port))")
+            expectPKError(.sendTimedOut) { try right.send(PKZMQMessage(msgid: 1), timeout: .milliseconds(300)) }
+            names.add(moved, address: "127.0.0.1")
+            try right.send(PKZMQMessage(msgid: 2), timeout: .seconds(20))
+            try run(loop, until: "the message, at the new address") { received == [2] }
+        }
+    }
+
+    /// A connection whose messages went to the name's address keeps it when the name moves,
+    /// even if the monitor has not yet reported its handshake (it reports late): following
+    /// would drop the queue of the old address's pipe, and later messages would go elsewhere.
+    @Test func aConnectionWhoseMessagesWentOutDoesNotFollowTheName() throws {
+        let names = FakeNames.shared
+        let name = Self.name("stays")
+        names.add(name, address: "127.0.0.1")
+        HostResolver.keepFoundMilliseconds.store(100, ordering: .relaxed)
+        defer { HostResolver.keepFoundMilliseconds.store(60_000, ordering: .relaxed) }
+        try onLoopThread { loop in
+            var received: [UInt32] = []
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { received.append($0.msgid) }
+            defer { port.invalidate() }
+            try loop.add(port, forMode: .default)
+            let endpoint = "tcp://\(name):\(Self.portNumber(of: port))"
+            ZMQConnection.handshakeReportsHeldForTests.withLock { _ = $0.insert(endpoint) }
+            defer { _ = ZMQConnection.handshakeReportsHeldForTests.withLock { $0.remove(endpoint) } }
+            let right = try PKZMQSendPort(connectingTo: endpoint)
+            try right.send(PKZMQMessage(msgid: 1), timeout: .seconds(10))
+            try run(loop, until: "the first message") { received == [1] }
+            names.add(name, address: "127.0.0.2")  // nothing listens there
+            try waitUntil("the name's new address") {
+                HostResolver.address(of: name, before: .after(.seconds(1))) == .address("127.0.0.2")
+            }
+            // Ten follow-up looks of the connection's (one each 100 ms) while messages go.
+            for msgid in UInt32(2)...11 {
+                try right.send(PKZMQMessage(msgid: msgid), timeout: .seconds(5))
+                sleepFor(.milliseconds(100))
+            }
+            try run(loop, until: "every message, at the first address") { received == Array(1...11) }
+        }
+    }
+
     /// The local address toward a name whose lookup does not answer is given up at the
     /// caller's deadline.
     @Test func theLocalAddressTowardANameThatDoesNotAnswerIsGivenUpInTime() throws {
@@ -188,6 +242,30 @@ private final class FakeNames: Sendable {
         names.add(beyond, address: nil, closed: true)  // never a real lookup, should a place free
         defer { names.open(beyond) }
         #expect(HostResolver.address(of: beyond, before: .after(.milliseconds(100))) == .unanswered)
+    }
+
+    /// A caller that needs a name's address while `HostResolver.maxPending` names wait for
+    /// theirs waits for a free place, until its deadline, instead of giving up at once.
+    @Test func aCallerThatFindsTheLookupsFullWaitsForAFreePlace() throws {
+        try waitUntil("no lookup waiting") { HostResolver.pendingCount == 0 }
+        let names = FakeNames.shared
+        let full = (0..<HostResolver.maxPending).map { Self.name("full\($0)") }
+        for name in full { names.add(name, address: nil, closed: true) }
+        defer {
+            for name in full { names.open(name) }
+            try? waitUntil("the lookups to end", timeout: .seconds(30)) { HostResolver.pendingCount == 0 }
+        }
+        for name in full { HostResolver.whenKnown(name) { _ in } }
+        #expect(HostResolver.pendingCount == HostResolver.maxPending)
+        let next = Self.name("next")
+        names.add(next, address: "127.0.0.1")
+        let answer = Locked<HostResolver.Answer?>(nil)
+        Thread { answer.value = HostResolver.address(of: next, before: .after(.seconds(20))) }.start()
+        sleepFor(.milliseconds(100))
+        #expect(answer.value == nil, "it waits")
+        for name in full { names.open(name) }
+        try waitUntil("the answer") { answer.value != nil }
+        #expect(answer.value == .address("127.0.0.1"))
     }
 }
 #endif

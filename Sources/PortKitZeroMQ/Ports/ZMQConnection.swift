@@ -73,6 +73,9 @@ final class ZMQConnection: @unchecked Sendable {
         var roomWaiters = 0
         /// The address a connection to a host name connected to (see `connectWhenKnown`).
         var connectedTo: String?
+        /// Whether a frame has gone into libzmq's queue since (a connection to a name follows it
+        /// to a new address only if none has: it would be lost with the old address's pipe).
+        var sentSinceConnect = false
 
         /// How soon the flusher tries again after finding the receiver's queue full: 1 ms, twice
         /// as long each time up to 64 ms (a receiver that stays behind costs its sender's flusher
@@ -139,7 +142,7 @@ final class ZMQConnection: @unchecked Sendable {
     /// (as libzmq tries a refused connection again); sends wait for it until their deadlines.
     /// A connection whose handshake has not succeeded `HostResolver.keepFound` after it
     /// connected looks the name up again, and follows it to a new address (as libzmq, which
-    /// looked the name up at every try, did).
+    /// looked the name up at every try, did) if nothing has gone to the old one.
     private func connectWhenKnown(host: String, port: String) {
         HostResolver.whenKnown(host) { [weak self] address in
             guard let self, deadReason == nil else { return }
@@ -151,12 +154,21 @@ final class ZMQConnection: @unchecked Sendable {
                 let target = "tcp://\(address):\(port)"
                 guard let socket = sending.socket, target != sending.connectedTo else { return nil }
                 if let old = sending.connectedTo {
-                    // The handshake may have succeeded since the timer looked: keep it.
-                    guard !isEstablished else { return nil }
+                    // The handshake may have succeeded since the timer looked, and the monitor
+                    // reports it late: keep the connection if a frame went into its pipe, or if
+                    // libzmq has attached one (it shows room; `ZMQ_IMMEDIATE`: a pipe only once
+                    // the handshake succeeds). Under the lock, no frame goes in before the
+                    // disconnect: a handshake that succeeds from here on loses none.
+                    guard !isEstablished, !sending.sentSinceConnect else { return nil }
+                    let attached = socket.events.canSend
+                    // (Reading ZMQ_EVENTS reads libzmq's commands: see below.)
+                    if sending.roomWaiters > 0 { roomChanged.signal() }
+                    guard !attached else { return nil }
                     socket.disconnect(old)
                 }
                 do throws(PKError) { try socket.connect(target) } catch { return error }
                 sending.connectedTo = target
+                sending.sentSinceConnect = false
                 // zmq_connect reads libzmq's commands: the news a waiting send's ZMQ_FD would
                 // have woken it for.
                 if sending.roomWaiters > 0 { roomChanged.signal() }
@@ -194,6 +206,10 @@ final class ZMQConnection: @unchecked Sendable {
 
     /// Whether the ZMTP handshake with the peer has succeeded.
     var isEstablished: Bool { handshaken.load(ordering: .acquiring) }
+
+    /// Tests: the endpoints (as written) whose connections ignore the monitor's report of a
+    /// successful handshake, as if it came late.
+    static let handshakeReportsHeldForTests = ZMQMutex<Set<String>>([])
 
     // MARK: - Sending
 
@@ -336,6 +352,7 @@ final class ZMQConnection: @unchecked Sendable {
                 throw PKError(.invalidPort, "cannot send to \(endpoint): the connection is closed")
             }
             if sent {
+                sending.sentSinceConnect = true
                 if sending.roomWaiters > 0 { roomChanged.signal() }
                 return true
             }
@@ -540,6 +557,7 @@ final class ZMQConnection: @unchecked Sendable {
     private func monitorReported(_ event: Int32) {
         switch event {
         case ZMQMonitorEvent.handshakeSucceeded:
+            if Self.handshakeReportsHeldForTests.withLock({ $0.contains(endpoint.description) }) { return }
             let waiting = state.withLock { state -> [@Sendable (Bool) -> Void] in
                 handshaken.store(true, ordering: .releasing)
                 defer { state.establishedHandlers = [] }

@@ -14,14 +14,19 @@
 
 import Glibc
 import PortKit
+import Synchronization
 
 enum HostResolver {
     /// At most this many names are looked up at once; more wait their turn.
     static let maxLookups = 4
     /// At most this many names wait for an answer (looked up or queued).
     static let maxPending = 64
-    /// How long a found address is used before the name is looked up again.
-    static let keepFound = Duration.seconds(60)
+    /// How long a found address is used before the name is looked up again (and how long a
+    /// connection to a name waits for its handshake before it follows the name to a new
+    /// address).
+    static var keepFound: Duration { .milliseconds(keepFoundMilliseconds.load(ordering: .relaxed)) }
+    /// Tests: `keepFound` in milliseconds (a minute; the tests shorten it).
+    static let keepFoundMilliseconds = Atomic<Int64>(60_000)
     /// How long a failed lookup's answer stands (a connection tries again after it).
     static let keepFailed = Duration.seconds(1)
 
@@ -57,10 +62,28 @@ enum HostResolver {
         case unanswered
     }
 
+    /// One name's lookup, from the moment it is queued to its answer. A caller that waits for
+    /// it keeps it, and reads the answer from it (the table may have forgotten the name by
+    /// then). Its mutable parts are read and written under the state's lock.
+    private final class Lookup: @unchecked Sendable {
+        /// Signalled once `answer` is set.
+        let done: InterruptSignal
+        /// The address found before, used meanwhile.
+        let stale: String?
+        /// Called with the answer, on the lookup thread.
+        var waiters: [@Sendable (String?) -> Void] = []
+        /// The answer, once there is one (`.some(nil)`: the name has no address).
+        var answer: String?? = .none
+
+        init(done: InterruptSignal, stale: String?) {
+            self.done = done
+            self.stale = stale
+        }
+    }
+
     private enum Entry {
-        /// Being looked up, or waiting its turn: `done` is signalled with the answer. `stale`:
-        /// the address found before, used meanwhile.
-        case pending(done: InterruptSignal, waiters: [@Sendable (String?) -> Void], stale: String?)
+        /// Being looked up, or waiting its turn.
+        case pending(Lookup)
         /// Found (the IPv4 address; after a failed lookup, the one found before) or not
         /// (`nil`), until `until` (nanoseconds of uptime).
         case known(String?, until: UInt64)
@@ -71,6 +94,9 @@ enum HostResolver {
         var queue: [String] = []
         var lookups = 0
         var pending = 0
+        /// The table is swept for expired answers when it holds this many entries (see
+        /// `forgetExpired`).
+        var sweepAt = HostResolver.firstSweep
     }
 
     private static let state = ZMQMutex(State())
@@ -105,14 +131,13 @@ enum HostResolver {
         case .known(let address?): return .address(address)
         case .known(nil): return .none
         case .full: return .unanswered
-        case .wait(let done):
-            _ = Descriptors.waitReadable([done.descriptor], until: deadline)
-            return state.withLock { state in
-                switch state.entries[host] {
-                case .known(let address?, _)?: .address(address)
-                case .known(nil, _)?: .none
-                case .pending(_, _, let stale?)?: .address(stale)
-                default: .unanswered
+        case .wait(let lookup):
+            _ = Descriptors.waitReadable([lookup.done.descriptor], until: deadline)
+            return state.withLock { _ in
+                switch lookup.answer {
+                case .some(let address?): .address(address)
+                case .some(nil): .none
+                case .none: .unanswered
                 }
             }
         }
@@ -126,10 +151,8 @@ enum HostResolver {
             switch step(for: host, &state) {
             case .known(let address): return .some(address)
             case .full: return .some(nil)
-            case .wait:
-                guard case .pending(let done, var waiters, let stale)? = state.entries[host] else { return .some(nil) }
-                waiters.append(handler)
-                state.entries[host] = .pending(done: done, waiters: waiters, stale: stale)
+            case .wait(let lookup):
+                lookup.waiters.append(handler)
                 return .none
             }
         }
@@ -139,8 +162,8 @@ enum HostResolver {
     private enum Step {
         /// An answer to give now (a fresh one, or a stale address while it is looked up again).
         case known(String?)
-        /// Wait for `done`.
-        case wait(InterruptSignal)
+        /// Wait for the lookup's answer.
+        case wait(Lookup)
         /// No answer, and none can be waited for now (`maxPending` names wait already).
         case full
     }
@@ -152,9 +175,9 @@ enum HostResolver {
         let now = PKDeadline.now.uptimeNanoseconds
         var stale: String?
         switch state.entries[host] {
-        case .pending(let done, _, let old)?:
-            if let old { return .known(old) }
-            return .wait(done)
+        case .pending(let lookup)?:
+            if let old = lookup.stale { return .known(old) }
+            return .wait(lookup)
         case .known(let address, let until)?:
             if until > now { return .known(address) }
             stale = address
@@ -164,8 +187,12 @@ enum HostResolver {
         guard state.pending < maxPending, let done = try? InterruptSignal() else {
             return stale.map { .known($0) } ?? .full
         }
-        forgetExpired(&state, now: now)
-        state.entries[host] = .pending(done: done, waiters: [], stale: stale)
+        if state.entries.count >= state.sweepAt {
+            forgetExpired(&state, now: now)
+            state.sweepAt = min(max(firstSweep, 2 * state.entries.count), maxEntries)
+        }
+        let lookup = Lookup(done: done, stale: stale)
+        state.entries[host] = .pending(lookup)
         state.pending += 1
         state.queue.append(host)
         if state.lookups < maxLookups {
@@ -183,18 +210,25 @@ enum HostResolver {
                 }
             }
         }
-        return stale.map { .known($0) } ?? .wait(done)
+        return stale.map { .known($0) } ?? .wait(lookup)
     }
 
-    /// Keeps the table of answers small. From 256 entries, expired failures go; from 1,024,
-    /// expired addresses too (a live connection to one looks it up again); past 4,096 (a peer
-    /// whose DNS answers every name, at a high rate), every known answer.
+    /// The first sweep of the table of answers, at this many entries.
+    static let firstSweep = 256
+    /// Past this many entries, every known answer is forgotten.
+    static let maxEntries = 4096
+
+    /// Keeps the table of answers small. Called when it holds `sweepAt` entries: from
+    /// `firstSweep` (256), expired failures go; from 1,024, expired addresses too (a live
+    /// connection to one looks it up again); from `maxEntries` (4,096: a peer whose DNS answers
+    /// every name, at a high rate), every known answer. The next sweep is due once the table has
+    /// doubled (or reaches `maxEntries`), so that a sweep's work, every entry, is spread over
+    /// as many new names: a table of live answers is not swept at every new name.
     private static func forgetExpired(_ state: inout State, now: UInt64) {
-        guard state.entries.count >= 256 else { return }
         let limits: [(count: Int, keep: (String?, UInt64) -> Bool)] = [
-            (256, { address, until in address != nil || until > now }),
+            (firstSweep, { address, until in address != nil || until > now }),
             (1024, { _, until in until > now }),
-            (4096, { _, _ in false }),
+            (maxEntries, { _, _ in false }),
         ]
         for (count, keep) in limits where state.entries.count >= count {
             state.entries = state.entries.filter { _, entry in
@@ -216,17 +250,19 @@ enum HostResolver {
             }
             guard let host = next else { return }
             let found = (lookUpForTests.withLock { $0 })?(host) ?? lookUp(host)
-            let (done, waiters, address) = state.withLock { state -> (InterruptSignal?, [@Sendable (String?) -> Void], String?) in
-                guard case .pending(let done, let waiters, let stale)? = state.entries[host] else { return (nil, [], found) }
+            let (lookup, waiters, address) = state.withLock { state -> (Lookup?, [@Sendable (String?) -> Void], String?) in
+                guard case .pending(let lookup)? = state.entries[host] else { return (nil, [], found) }
                 // A lookup that fails keeps the address found before (DNS down for a while must
                 // not cut off a name that had one), and is tried again as a failure is.
-                let address = found ?? stale
+                let address = found ?? lookup.stale
                 let keep = found == nil ? keepFailed : keepFound
                 state.entries[host] = .known(address, until: PKDeadline.after(keep).uptimeNanoseconds)
                 state.pending -= 1
-                return (done, waiters, address)
+                lookup.answer = .some(address)
+                defer { lookup.waiters = [] }
+                return (lookup, lookup.waiters, address)
             }
-            done?.signal()
+            lookup?.done.signal()
             for waiter in waiters { waiter(address) }
         }
     }
