@@ -47,15 +47,23 @@ private final class FakeNames: Sendable {
     /// The port number of a port bound to `tcp://127.0.0.1:*`.
     static func portNumber(of port: PKZMQReceivePort) -> String { String(port.endpoint.split(separator: ":").last!) }
 
-    @Test func aPortIsReachedThroughAHostName() throws {
+    /// Runs `body` on a loop thread, with a port bound to `tcp://127.0.0.1:*` in the loop's
+    /// default mode and the msgids it has received so far.
+    func withPort(_ body: @escaping @Sendable (PKRunLoop, PKZMQReceivePort, _ received: () -> [UInt32]) throws -> Void) throws {
         try onLoopThread { loop in
             var received: [UInt32] = []
             let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { received.append($0.msgid) }
             defer { port.invalidate() }
             try loop.add(port, forMode: .default)
+            try body(loop, port, { received })
+        }
+    }
+
+    @Test func aPortIsReachedThroughAHostName() throws {
+        try withPort { loop, port, received in
             let right = try PKZMQSendPort(connectingTo: "tcp://localhost:\(Self.portNumber(of: port))")
             try right.send(PKZMQMessage(msgid: 1), timeout: .seconds(10))
-            try run(loop, until: "the message") { received == [1] }
+            try run(loop, until: "the message") { received() == [1] }
         }
     }
 
@@ -67,11 +75,7 @@ private final class FakeNames: Sendable {
         let stalled = Self.name("stalled")
         names.add(stalled, address: "127.0.0.1", closed: true)
         defer { names.open(stalled) }
-        try onLoopThread { loop in
-            var received: [UInt32] = []
-            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { received.append($0.msgid) }
-            defer { port.invalidate() }
-            try loop.add(port, forMode: .default)
+        try withPort { loop, port, received in
             let made = Locked<Result<PKZMQSendPort, PKError>?>(nil)
             let endpoint = "tcp://\(stalled):\(Self.portNumber(of: port))"
             Thread { made.value = Result { () throws(PKError) in try PKZMQSendPort(connectingTo: endpoint) } }.start()
@@ -86,11 +90,11 @@ private final class FakeNames: Sendable {
             // Another connection, meanwhile.
             let direct = try PKZMQSendPort(connectingTo: port.endpoint)
             try direct.send(PKZMQMessage(msgid: 2), timeout: .seconds(10))
-            try run(loop, until: "the other connection's message") { received == [2] }
+            try run(loop, until: "the other connection's message") { received() == [2] }
             // The lookup answers: the right's messages go through.
             names.open(stalled)
             try right.send(PKZMQMessage(msgid: 3), timeout: .seconds(10))
-            try run(loop, until: "the message through the name") { received == [2, 3] }
+            try run(loop, until: "the message through the name") { received() == [2, 3] }
             #expect(right.isValid)
         }
     }
@@ -101,16 +105,12 @@ private final class FakeNames: Sendable {
         let names = FakeNames.shared
         let late = Self.name("late")
         names.add(late, address: nil)
-        try onLoopThread { loop in
-            var received: [UInt32] = []
-            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { received.append($0.msgid) }
-            defer { port.invalidate() }
-            try loop.add(port, forMode: .default)
+        try withPort { loop, port, received in
             let right = try PKZMQSendPort(connectingTo: "tcp://\(late):\(Self.portNumber(of: port))")
             expectPKError(.sendTimedOut) { try right.send(PKZMQMessage(msgid: 1), timeout: .milliseconds(200)) }
             names.add(late, address: "127.0.0.1")
             try right.send(PKZMQMessage(msgid: 2), timeout: .seconds(20))
-            try run(loop, until: "the message, once the name has an address") { received == [2] }
+            try run(loop, until: "the message, once the name has an address") { received() == [2] }
         }
     }
 
@@ -122,16 +122,12 @@ private final class FakeNames: Sendable {
         names.add(moved, address: "127.0.0.2")  // the port listens on 127.0.0.1 only
         HostResolver.keepFoundMilliseconds.store(200, ordering: .relaxed)
         defer { HostResolver.keepFoundMilliseconds.store(60_000, ordering: .relaxed) }
-        try onLoopThread { loop in
-            var received: [UInt32] = []
-            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { received.append($0.msgid) }
-            defer { port.invalidate() }
-            try loop.add(port, forMode: .default)
+        try withPort { loop, port, received in
             let right = try PKZMQSendPort(connectingTo: "tcp://\(moved):\(Self.portNumber(of: port))")
             expectPKError(.sendTimedOut) { try right.send(PKZMQMessage(msgid: 1), timeout: .milliseconds(300)) }
             names.add(moved, address: "127.0.0.1")
             try right.send(PKZMQMessage(msgid: 2), timeout: .seconds(20))
-            try run(loop, until: "the message, at the new address") { received == [2] }
+            try run(loop, until: "the message, at the new address") { received() == [2] }
         }
     }
 
@@ -144,17 +140,13 @@ private final class FakeNames: Sendable {
         names.add(name, address: "127.0.0.1")
         HostResolver.keepFoundMilliseconds.store(100, ordering: .relaxed)
         defer { HostResolver.keepFoundMilliseconds.store(60_000, ordering: .relaxed) }
-        try onLoopThread { loop in
-            var received: [UInt32] = []
-            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { received.append($0.msgid) }
-            defer { port.invalidate() }
-            try loop.add(port, forMode: .default)
+        try withPort { loop, port, received in
             let endpoint = "tcp://\(name):\(Self.portNumber(of: port))"
             ZMQConnection.handshakeReportsHeldForTests.withLock { _ = $0.insert(endpoint) }
             defer { _ = ZMQConnection.handshakeReportsHeldForTests.withLock { $0.remove(endpoint) } }
             let right = try PKZMQSendPort(connectingTo: endpoint)
             try right.send(PKZMQMessage(msgid: 1), timeout: .seconds(10))
-            try run(loop, until: "the first message") { received == [1] }
+            try run(loop, until: "the first message") { received() == [1] }
             names.add(name, address: "127.0.0.2")  // nothing listens there
             try waitUntil("the name's new address") {
                 HostResolver.address(of: name, before: .after(.seconds(1))) == .address("127.0.0.2")
@@ -164,7 +156,7 @@ private final class FakeNames: Sendable {
                 try right.send(PKZMQMessage(msgid: msgid), timeout: .seconds(5))
                 sleepFor(.milliseconds(100))
             }
-            try run(loop, until: "every message, at the first address") { received == Array(1...11) }
+            try run(loop, until: "every message, at the first address") { received() == Array(1...11) }
         }
     }
 
