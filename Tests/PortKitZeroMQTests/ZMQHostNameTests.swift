@@ -157,7 +157,51 @@ private final class FakeNames: Sendable {
                 sleepFor(.milliseconds(100))
             }
             try run(loop, until: "every message, at the first address") { received() == Array(1...11) }
+            // Its handshake never reported, it would go on looking the name up.
+            try right.right.connectionEvenIfDead().die("the test is over")
         }
+    }
+
+    /// A connection that follows its name to a new address takes a new socket: a handshake
+    /// with the old address that succeeded unreported (the monitor reports late) takes none of
+    /// the messages sent after.
+    @Test func aConnectionThatFollowsItsNameSendsOnlyToTheNewAddress() throws {
+        let names = FakeNames.shared
+        let name = Self.name("follows")
+        names.add(name, address: "127.0.0.1")
+        HostResolver.keepFoundMilliseconds.store(100, ordering: .relaxed)
+        defer { HostResolver.keepFoundMilliseconds.store(60_000, ordering: .relaxed) }
+        try withPort { loop, port, received in
+            let number = Self.portNumber(of: port)
+            nonisolated(unsafe) var receivedThere: [UInt32] = []
+            let there = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.2:\(number)") { receivedThere.append($0.msgid) }
+            defer { there.invalidate() }
+            try loop.add(there, forMode: .default)
+            let endpoint = "tcp://\(name):\(number)"
+            ZMQConnection.handshakeReportsHeldForTests.withLock { _ = $0.insert(endpoint) }
+            defer { _ = ZMQConnection.handshakeReportsHeldForTests.withLock { $0.remove(endpoint) } }
+            let right = try PKZMQSendPort(connectingTo: endpoint)
+            let connection = try right.right.connectionEvenIfDead()
+            try waitUntil("the connection to the first address") { connection.connectedAddress == "tcp://127.0.0.1:\(number)" }
+            names.add(name, address: "127.0.0.2")
+            try waitUntil("the connection to follow the name") { connection.connectedAddress == "tcp://127.0.0.2:\(number)" }
+            try right.send(PKZMQMessage(msgid: 1), timeout: .seconds(10))
+            try run(loop, until: "the message, at the new address") { receivedThere == [1] }
+            #expect(received().isEmpty)
+            #expect(right.isValid)
+            connection.die("the test is over")
+        }
+    }
+
+    /// A caller waiting for a lookup gets its answer though the table forgets it first (a
+    /// sweep of a full table forgets every answer).
+    @Test func aWaiterGetsItsAnswerThoughTheTableForgotIt() throws {
+        let names = FakeNames.shared
+        let name = Self.name("forgotten")
+        names.add(name, address: "127.0.0.1")
+        HostResolver.answeredForTests.withLock { $0 = { host in if host == name { HostResolver.forgetAnswers() } } }
+        defer { HostResolver.answeredForTests.withLock { $0 = nil } }
+        #expect(HostResolver.address(of: name, before: .after(.seconds(20))) == .address("127.0.0.1"))
     }
 
     /// The local address toward a name whose lookup does not answer is given up at the

@@ -47,6 +47,11 @@ final class ZMQConnection: @unchecked Sendable {
     /// Set when libzmq has let go of the socket (its monitor stopped): after a close, once the
     /// messages it held are written or its linger has passed.
     private let socketReleased = Atomic<Bool>(false)
+    /// Counts the PUSH sockets the connection has had: a connection to a name that follows it
+    /// to a new address takes a new socket, and its old socket's monitor events are ignored.
+    private let socketGeneration = Atomic<UInt32>(0)
+    /// `ZMQSocket.sending`'s limits, for a new socket.
+    private let limits: PKPortLimits
     /// Whether the ZMTP handshake has succeeded: set under `state`'s lock (where
     /// `onEstablished` registers its handlers), read with one load (a send asks it before it
     /// opens a batch: a batch never waits for a connection, only for room).
@@ -102,11 +107,10 @@ final class ZMQConnection: @unchecked Sendable {
             throw PKError(.badName, "cannot connect to \(endpoint): a * host or port is for binding only")
         }
         self.endpoint = endpoint
+        self.limits = limits
         interrupt = try InterruptSignal()
         roomChanged = try InterruptSignal()
-        let push = try ZMQSocket.sending(limits: limits)
-        try push.setHeartbeats(toward: endpoint, connecting: true)
-        let monitor = try ZMQMonitor(monitoring: push)
+        let (push, monitor) = try Self.monitoredSocket(toward: endpoint, limits: limits)
         // A host name is looked up by PortKit, off this thread (`HostResolver`), and libzmq
         // connects to its address once it is known: libzmq would look it up on its I/O thread,
         // which serves every ZeroMQ socket of the process, at every try.
@@ -133,8 +137,23 @@ final class ZMQConnection: @unchecked Sendable {
         sending = ZMQMutex(Sending(socket: push))
         // The flusher's thread is made now, if it is not yet, not later under the lock.
         _ = PKRunLoop.hasFlusher
-        monitor.start { [weak self] event in self?.monitorReported(event) }
+        start(monitor, generation: 0)
         if let name { connectWhenKnown(host: name.host, port: name.port) }
+    }
+
+    /// A PUSH socket toward `endpoint`, and its monitor (not started: see `ZMQMonitor.init`).
+    private static func monitoredSocket(toward endpoint: ZMQEndpoint, limits: PKPortLimits) throws(PKError) -> (ZMQSocket, ZMQMonitor) {
+        let push = try ZMQSocket.sending(limits: limits)
+        try push.setHeartbeats(toward: endpoint, connecting: true)
+        return (push, try ZMQMonitor(monitoring: push))
+    }
+
+    /// Hands `monitor`, of the connection's socket number `generation`, its handler.
+    private func start(_ monitor: ZMQMonitor, generation: UInt32) {
+        monitor.start { [weak self] event in
+            guard let self, socketGeneration.load(ordering: .acquiring) == generation else { return }
+            monitorReported(event)
+        }
     }
 
     /// Connects to `host` (a name) at `port` once its address is known. While the name has
@@ -152,19 +171,26 @@ final class ZMQConnection: @unchecked Sendable {
             }
             let refused = sending.withLock { sending -> PKError? in
                 let target = "tcp://\(address):\(port)"
-                guard let socket = sending.socket, target != sending.connectedTo else { return nil }
-                if let old = sending.connectedTo {
+                guard var socket = sending.socket, target != sending.connectedTo else { return nil }
+                if sending.connectedTo != nil {
                     // The handshake may have succeeded since the timer looked, and the monitor
-                    // reports it late: keep the connection if a frame went into its pipe, or if
-                    // libzmq has attached one (it shows room; `ZMQ_IMMEDIATE`: a pipe only once
-                    // the handshake succeeds). Under the lock, no frame goes in before the
-                    // disconnect: a handshake that succeeds from here on loses none.
+                    // reports it late: keep the connection if a frame went in since it
+                    // connected (its pipe would drop it). If none did, nothing of ours is in
+                    // the old socket (the lock is held): it is closed, and a new one connects.
+                    // A new socket, not `zmq_disconnect`: libzmq's I/O thread may complete the
+                    // old handshake at any moment, and the socket would then take the pipe, and
+                    // the next frames, from the old address; the old socket's monitor events
+                    // (its handshake, its end) are ignored.
                     guard !isEstablished, !sending.sentSinceConnect else { return nil }
-                    let attached = socket.events.canSend
-                    // (Reading ZMQ_EVENTS reads libzmq's commands: see below.)
-                    if sending.roomWaiters > 0 { roomChanged.signal() }
-                    guard !attached else { return nil }
-                    socket.disconnect(old)
+                    guard let (fresh, monitor) = try? Self.monitoredSocket(toward: endpoint, limits: limits) else {
+                        return nil  // no socket now (descriptors?): the timer looks again
+                    }
+                    let generation = socketGeneration.add(1, ordering: .acquiringAndReleasing).newValue
+                    try? socket.setOption(ZMQOption.linger, 0)
+                    socket.close()
+                    socket = fresh
+                    sending.socket = fresh
+                    start(monitor, generation: generation)
                 }
                 do throws(PKError) { try socket.connect(target) } catch { return error }
                 sending.connectedTo = target
@@ -206,6 +232,9 @@ final class ZMQConnection: @unchecked Sendable {
 
     /// Whether the ZMTP handshake with the peer has succeeded.
     var isEstablished: Bool { handshaken.load(ordering: .acquiring) }
+
+    /// The address a connection to a host name has connected to (`tcp://ADDRESS:PORT`), if any.
+    var connectedAddress: String? { sending.withLock { $0.connectedTo } }
 
     /// Tests: the endpoints (as written) whose connections ignore the monitor's report of a
     /// successful handshake, as if it came late.

@@ -112,6 +112,18 @@ enum HostResolver {
         }
     }
 
+    /// Tests: called on the lookup thread when a lookup's answer is in the table, before its
+    /// waiters are woken.
+    static let answeredForTests = ZMQMutex<(@Sendable (String) -> Void)?>(nil)
+
+    /// Tests: forgets every answer known (not the lookups under way), as a sweep of a full
+    /// table does.
+    static func forgetAnswers() {
+        state.withLock { state in
+            state.entries = state.entries.filter { if case .pending = $1 { true } else { false } }
+        }
+    }
+
     /// Tests: answers for names of the tests' own (a lookup that does not answer for a while,
     /// say) while set; `.none` for any other name, which is looked up as usual.
     static let lookUpForTests = ZMQMutex<(@Sendable (String) -> String??)?>(nil)
@@ -132,7 +144,8 @@ enum HostResolver {
         case .known(nil): return .none
         case .full: return .unanswered
         case .wait(let lookup):
-            _ = Descriptors.waitReadable([lookup.done.descriptor], until: deadline)
+            // (The lookup, and its eventfd, live through the wait: `withExtendedLifetime`.)
+            withExtendedLifetime(lookup) { _ = Descriptors.waitReadable([lookup.done.descriptor], until: deadline) }
             return state.withLock { _ in
                 switch lookup.answer {
                 case .some(let address?): .address(address)
@@ -215,20 +228,21 @@ enum HostResolver {
 
     /// The first sweep of the table of answers, at this many entries.
     static let firstSweep = 256
-    /// Past this many entries, every known answer is forgotten.
+    /// The table never holds more entries than this (a sweep is due by then at the latest).
     static let maxEntries = 4096
 
     /// Keeps the table of answers small. Called when it holds `sweepAt` entries: from
     /// `firstSweep` (256), expired failures go; from 1,024, expired addresses too (a live
-    /// connection to one looks it up again); from `maxEntries` (4,096: a peer whose DNS answers
-    /// every name, at a high rate), every known answer. The next sweep is due once the table has
-    /// doubled (or reaches `maxEntries`), so that a sweep's work, every entry, is spread over
-    /// as many new names: a table of live answers is not swept at every new name.
+    /// connection to one looks it up again); and if more than half of `maxEntries` would stay
+    /// (2,048 answers found within a minute: a peer whose DNS answers every name, at a high
+    /// rate), every known answer. The next sweep is due once the table has doubled (at most
+    /// `maxEntries`), so a sweep's work, every entry, is spread over at least half as many new
+    /// names.
     private static func forgetExpired(_ state: inout State, now: UInt64) {
         let limits: [(count: Int, keep: (String?, UInt64) -> Bool)] = [
             (firstSweep, { address, until in address != nil || until > now }),
             (1024, { _, until in until > now }),
-            (maxEntries, { _, _ in false }),
+            (maxEntries / 2 + 1, { _, _ in false }),
         ]
         for (count, keep) in limits where state.entries.count >= count {
             state.entries = state.entries.filter { _, entry in
@@ -262,6 +276,7 @@ enum HostResolver {
                 defer { lookup.waiters = [] }
                 return (lookup, lookup.waiters, address)
             }
+            (answeredForTests.withLock { $0 })?(host)
             lookup?.done.signal()
             for waiter in waiters { waiter(address) }
         }

@@ -291,12 +291,6 @@ final class ZMQSocket {
         throw ZMQError.make(code, "zmq_connect", "cannot connect to \(endpoint)", errno: err)
     }
 
-    /// Stops connecting to `endpoint` (and drops its connection). The corresponding call is
-    /// `zmq_disconnect(3)`; a failure (not connected there) changes nothing.
-    func disconnect(_ endpoint: String) {
-        _ = zmq_disconnect(open, endpoint)
-    }
-
     /// Publishes the socket's connection events on the `inproc://` endpoint `address` (a PAIR
     /// socket reads them); `nil` stops. The corresponding call is `zmq_socket_monitor(3)`.
     func monitor(_ address: String?, events: Int32) throws(PKError) {
