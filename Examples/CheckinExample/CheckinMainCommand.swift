@@ -82,7 +82,7 @@ public struct CheckinMainCommand: ParsableCommand {
             throw ValidationError("--name must be 1 to \(PortNames.maxMainLength) characters (workers register <name>.worker-<pid>)")
         }
         guard waitTimeout >= 1 else { throw ValidationError("--wait-timeout must be at least 1") }
-        guard rounds >= 1 else { throw ValidationError("--rounds must be at least 1") }
+        guard (1...Job.maxJobs).contains(rounds) else { throw ValidationError("--rounds must be from 1 to \(Job.maxJobs)") }
         guard chunkSize >= 1 else { throw ValidationError("--chunk-size must be at least 1") }
         guard timeout >= 1 else { throw ValidationError("--timeout must be at least 1") }
         guard transport == "unix" || transport == "zmq" else { throw ValidationError("--transport must be unix or zmq") }
@@ -103,8 +103,7 @@ public struct CheckinMainCommand: ParsableCommand {
         if transport == "zmq" { return try runZeroMQ() }  // ZeroMQCheckin.swift
         // The work: a text cut into chunks at white space, counted `rounds` times.
         let text = try input.map { path throws(ExampleFailure) in try Corpus.read(path: path) } ?? Corpus.builtIn()
-        let job = Job(text: text, chunkSize: chunkSize, rounds: rounds)
-        guard job.count <= Int(UInt32.max) else { throw ExampleFailure("too many jobs: use a larger --chunk-size") }
+        let job = try Job(text: text, chunkSize: chunkSize, rounds: rounds)
         let executable = WorkerExecutable.find()
         var who = ["\(workers) worker \(workers == 1 ? "thread" : "threads")", "\(processes) worker \(processes == 1 ? "process" : "processes")"]
         if waitForWorkers > 0 { who.append("\(waitForWorkers) started by hand") }

@@ -97,7 +97,11 @@ struct Job {
     private var nextJob = 0
     private(set) var completed = 0
 
-    init(text: [UInt8], chunkSize: Int, rounds: Int) {
+    /// At most this many jobs (chunks times rounds): each keeps its result until the end.
+    static let maxJobs = 1 << 20
+
+    /// - Throws: if the text makes more than `maxJobs` jobs.
+    init(text: [UInt8], chunkSize: Int, rounds: Int) throws(ExampleFailure) {
         var chunks: [Range<Int>] = []
         var start = 0
         while start < text.count {
@@ -106,10 +110,14 @@ struct Job {
             chunks.append(start..<end)
             start = end
         }
+        let (jobs, overflow) = chunks.count.multipliedReportingOverflow(by: rounds)
+        guard !overflow, jobs <= Self.maxJobs else {
+            throw ExampleFailure("too many jobs: \(chunks.count) chunks times \(rounds) rounds, at most \(Self.maxJobs); use a larger --chunk-size or fewer --rounds")
+        }
         self.text = text
         self.chunks = chunks
         self.rounds = rounds
-        self.results = Array(repeating: nil, count: chunks.count * rounds)
+        self.results = Array(repeating: nil, count: jobs)
     }
 
     var count: Int { results.count }

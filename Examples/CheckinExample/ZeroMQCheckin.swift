@@ -22,8 +22,7 @@ extension CheckinMainCommand {
     /// `checkin-main --transport zmq`.
     func runZeroMQ() throws(ExampleFailure) {
         let text = try input.map { path throws(ExampleFailure) in try Corpus.read(path: path) } ?? Corpus.builtIn()
-        let job = Job(text: text, chunkSize: chunkSize, rounds: rounds)
-        guard job.count <= Int(UInt32.max) else { throw ExampleFailure("too many jobs: use a larger --chunk-size") }
+        let job = try Job(text: text, chunkSize: chunkSize, rounds: rounds)
         let main = try ZMQMainRole(listen: listen ?? "tcp://127.0.0.1:*", job: job)
         printLine("checkin-main: over ZeroMQ, \(workers) worker \(workers == 1 ? "thread" : "threads"), "
             + "\(processes) worker \(processes == 1 ? "process" : "processes")"

@@ -120,14 +120,26 @@ extern char **environ;
 /// `from[i]` descriptor becomes `to[i]` in the child (dup2 clears close-on-exec there).
 int pk_spawn(pid_t *pid, const char *path, char *const argv[], char *const envp[],
              const int *from, const int *to, int count) {
-    posix_spawn_file_actions_t actions;
-    int rc = posix_spawn_file_actions_init(&actions);
-    if (rc != 0) return rc;
-    for (int i = 0; i < count && rc == 0; i++) {
-        rc = posix_spawn_file_actions_adddup2(&actions, from[i], to[i]);
+    // Each source is first copied above every target (close-on-exec, in this process), so
+    // that placing one descriptor never overwrites a source still to be placed (a source that
+    // is itself a target number, say 3, after stdin was closed), and no dup2 is from a number
+    // to itself (which would leave close-on-exec set).
+    int above = 2;
+    for (int i = 0; i < count; i++) if (to[i] > above) above = to[i];
+    int copies[count > 0 ? count : 1];
+    int made = 0, rc = 0;
+    for (; made < count; made++) {
+        copies[made] = fcntl(from[made], F_DUPFD_CLOEXEC, above + 1);
+        if (copies[made] < 0) { rc = errno; break; }
     }
-    if (rc == 0) rc = posix_spawn(pid, path, &actions, NULL, argv, envp ? envp : environ);
-    posix_spawn_file_actions_destroy(&actions);
+    posix_spawn_file_actions_t actions;
+    if (rc == 0) rc = posix_spawn_file_actions_init(&actions);
+    if (rc == 0) {
+        for (int i = 0; i < count && rc == 0; i++) rc = posix_spawn_file_actions_adddup2(&actions, copies[i], to[i]);
+        if (rc == 0) rc = posix_spawn(pid, path, &actions, NULL, argv, envp ? envp : environ);
+        posix_spawn_file_actions_destroy(&actions);
+    }
+    for (int i = 0; i < made; i++) close(copies[i]);
     return rc;
 }
 
@@ -143,13 +155,22 @@ void pk_futex_wake_one(uint32_t *word) {
     syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
-/// waitpid(2) without blocking; returns the pid when it ended (status in *status), 0 if it runs.
-int pk_waitpid_nohang(pid_t pid, int *status) { return waitpid(pid, status, WNOHANG); }
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
 
-int pk_exit_status(int status, int *code, int *signal) {
-    if (WIFEXITED(status)) { *code = WEXITSTATUS(status); *signal = 0; return 1; }
-    if (WIFSIGNALED(status)) { *code = -1; *signal = WTERMSIG(status); return 1; }
-    return 0;
+int pk_pidfd_reap(int pidfd, int *code, int *signal) {
+    siginfo_t info;
+    memset(&info, 0, sizeof info);
+    if (waitid((idtype_t)P_PIDFD, (id_t)pidfd, &info, WEXITED | WNOHANG) != 0) return -1;
+    if (info.si_pid == 0) return 0;
+    if (info.si_code == CLD_EXITED) { *code = info.si_status; *signal = 0; }
+    else { *code = -1; *signal = info.si_status; }
+    return 1;
+}
+
+int pk_pidfd_send_signal(int pidfd, int signal) {
+    return (int)syscall(SYS_pidfd_send_signal, pidfd, signal, NULL, 0);
 }
 
 int pk_unsent_bytes(int fd) {

@@ -164,10 +164,12 @@ int pk_spawn(pid_t *pid, const char *path, char *const argv[], char *const envp[
              const int *from, const int *to, int count);
 /// pidfd_open(2).
 int pk_pidfd_open(pid_t pid);
-/// waitpid(2) with WNOHANG.
-int pk_waitpid_nohang(pid_t pid, int *status);
-/// Decodes a wait status: 1 if it ended, with its exit code or the signal that killed it.
-int pk_exit_status(int status, int *code, int *signal);
+/// Reaps the child `pidfd` refers to if it has ended, without blocking (waitid(2) with
+/// P_PIDFD and WNOHANG): 1 with its exit code (signal 0) or the signal that killed it (code
+/// -1), 0 if it runs, -1 with errno.
+int pk_pidfd_reap(int pidfd, int *code, int *signal);
+/// pidfd_send_signal(2): the process `pidfd` refers to, never another that took its pid.
+int pk_pidfd_send_signal(int pidfd, int signal);
 
 /// Names the calling thread (at most 15 bytes are kept).
 void pk_set_thread_name(const char *name);

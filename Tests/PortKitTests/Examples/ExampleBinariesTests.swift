@@ -60,6 +60,26 @@ import Testing
         #expect(lines.count == 1, "\(result.errors)")
         #expect(lines.first?.hasPrefix("checkin-worker: no port was registered as \"nobody-home\"") == true, "\(result.errors)")
     }
+
+    /// Options that would make more jobs than the example keeps results for are refused: a
+    /// count of rounds past the limit as a usage error (64), too many chunks times rounds with
+    /// one line (1); neither allocates for them first.
+    @Test func checkinMainRefusesTooManyJobs() async throws {
+        let names = try PrivateNameDirectory()
+        let (usage, tooMany) = try await awaitThread(timeout: patience(.seconds(120))) {
+            let usage = try ExampleBinary("checkin-main", ["--workers", "1", "--rounds", "\(Int.max)"], names: names)
+                .waitForExit(timeout: patience(.seconds(60)))
+            let tooMany = try ExampleBinary("checkin-main", ["--workers", "1", "--chunk-size", "1", "--rounds", "1000"], names: names)
+                .waitForExit(timeout: patience(.seconds(60)))
+            return (usage, tooMany)
+        }
+        #expect(usage.status == 64, "\(usage.errors)")
+        #expect(usage.errors.contains("--rounds must be from 1 to"), "\(usage.errors)")
+        #expect(tooMany.status == 1, "\(tooMany.errors)")
+        let lines = tooMany.errors.split(separator: "\n")
+        #expect(lines.count == 1 && lines[0].hasPrefix("checkin-main: too many jobs:"), "\(tooMany.errors)")
+        #expect(names.sockets().isEmpty, "left behind: \(names.sockets())")
+    }
 }
 
 /// A name directory of the test's own (mode 0700), removed afterwards.

@@ -1,0 +1,83 @@
+// Child processes: waited for by several threads at once, handed descriptors whose numbers
+// collide, and given the environment's bytes as they are.
+
+import Glibc
+import Testing
+@testable import PortKit
+
+@Suite struct ChildProcessTests {
+    /// Reads `fd` to its end.
+    private static func readAll(_ fd: Int32) -> [UInt8] {
+        var bytes: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 256)
+        while true {
+            let count = read(fd, &buffer, buffer.count)
+            if count <= 0 { return bytes }
+            bytes += buffer[0..<count]
+        }
+    }
+
+    /// A pipe whose ends are closed at the end of the test.
+    private static func pipeEnds() throws -> (read: Int32, write: Int32) {
+        var ends: [Int32] = [0, 0]
+        try #require(pipe(&ends) == 0)
+        for fd in ends { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+        return (ends[0], ends[1])
+    }
+
+    /// Threads that wait for one child at once each get its exit status (one of them reaps
+    /// it; the others read what it found, never a failed wait's (-1, 0)).
+    @Test func everyWaiterGetsTheExitStatus() throws {
+        for _ in 0..<5 {
+            let child = try ChildProcess(path: "/bin/sh", arguments: ["-c", "sleep 0.05; exit 3"], environment: [:], inherit: [])
+            let statuses = Locked<[String]>([])
+            let waiters = (0..<4).map { index in
+                TestThread(name: "waiter-\(index)") {
+                    let status = child.waitUntilExit(until: .after(.seconds(20)))
+                    statuses.withLock { $0.append(status.map { "\($0.code) \($0.signal)" } ?? "running") }
+                }
+            }
+            for waiter in waiters { try waiter.joinPatiently() }
+            #expect(statuses.value == Array(repeating: "3 0", count: 4))
+        }
+    }
+
+    /// A descriptor handed to the child at a number that is itself a source of another one:
+    /// each arrives as given (placing the first used to overwrite the second's source).
+    @Test func descriptorsWhoseNumbersCollideArriveAsGiven() throws {
+        let first = try Self.pipeEnds()
+        let second = try Self.pipeEnds()
+        let output = try Self.pipeEnds()
+        // The second pipe's read end at a number of its own, which the first goes to.
+        let collide = fcntl(second.read, F_DUPFD_CLOEXEC, 900)
+        try #require(collide >= 0)
+        defer { for fd in [first.read, first.write, second.read, second.write, output.read, output.write, collide] { close(fd) } }
+        let child = try ChildProcess(
+            path: "/bin/sh", arguments: ["-c", "cat /proc/self/fd/\(collide); cat /proc/self/fd/\(collide + 1)"], environment: [:],
+            inherit: [(first.read, collide), (collide, collide + 1), (output.write, 1)])
+        _ = write(first.write, "one ", 4)
+        _ = write(second.write, "two", 3)
+        close(first.write)
+        close(second.write)
+        close(output.write)
+        let status = child.waitUntilExit(until: .after(.seconds(20)))
+        #expect(String(decoding: Self.readAll(output.read), as: UTF8.self) == "one two")
+        #expect(status?.code == 0)
+    }
+
+    /// An environment entry that is not UTF-8 reaches the child byte for byte.
+    @Test func environmentBytesPassUnchanged() throws {
+        let name = "PK_TEST_BYTES_\(getpid())"
+        let value: [CChar] = [0x63, 0x61, 0x66, CChar(bitPattern: 0xE9), 0]
+        try #require(setenv(name, value, 1) == 0)
+        defer { unsetenv(name) }
+        let output = try Self.pipeEnds()
+        defer { close(output.read) }
+        let child = try ChildProcess(
+            path: "/bin/sh", arguments: ["-c", "printf %s \"$\(name)\""], environment: ["PK_TEST_OTHER": "x"],
+            inherit: [(output.write, 1)])
+        close(output.write)
+        _ = child.waitUntilExit(until: .after(.seconds(20)))
+        #expect(Self.readAll(output.read) == [0x63, 0x61, 0x66, 0xE9])
+    }
+}
