@@ -210,6 +210,17 @@ static inline ssize_t pk_send_bytes(int fd, const void *buf, size_t len) {
     return send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
+/// Whether `fd` is a Unix-domain stream socket, the only kind a port's descriptor may be. A
+/// peer can pass any descriptor: a file, a pipe, an `O_PATH` descriptor (on which epoll_ctl,
+/// send and recvmsg fail with EBADF).
+static inline int pk_is_unix_stream(int fd) {
+    int value = 0;
+    socklen_t len = sizeof(value);
+    if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &value, &len) != 0 || value != AF_UNIX) return 0;
+    len = sizeof(value);
+    return getsockopt(fd, SOL_SOCKET, SO_TYPE, &value, &len) == 0 && value == SOCK_STREAM;
+}
+
 /// The descriptors of `msg`'s SCM_RIGHTS control messages, for pk_recvmsg_fds. Not inlined
 /// there: most reads carry none, and this loop would sit among their code.
 __attribute__((noinline, cold))
@@ -220,16 +231,17 @@ static inline void pk_take_fds(struct msghdr *msg, int *fds, unsigned int maxfds
         size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
         int *in = (int *)CMSG_DATA(c);
         for (size_t i = 0; i < count; i++) {
-            if (*fdcount < maxfds) fds[(*fdcount)++] = in[i];
+            if (*fdcount < maxfds && pk_is_unix_stream(in[i])) fds[(*fdcount)++] = in[i];
             else { close(in[i]); *truncated = 1; }
         }
     }
 }
 
 /// recvmsg(2) into one buffer, with MSG_CMSG_CLOEXEC. Descriptors that arrived are written to
-/// `fds` (at most `maxfds`; any beyond that are closed, by pk_take_fds) and counted in
-/// `*fdcount`. `*truncated` is set when the kernel reported MSG_CTRUNC (descriptors were lost)
-/// or more than `maxfds` arrived; every descriptor written to `fds` is still reported, so the
+/// `fds` (at most `maxfds`; any beyond that, and any that is not a Unix-domain stream socket,
+/// are closed, by pk_take_fds) and counted in `*fdcount`. `*truncated` is set when the kernel
+/// reported MSG_CTRUNC (descriptors were lost), more than `maxfds` arrived, or one was not a
+/// Unix-domain stream socket; every descriptor written to `fds` is still reported, so the
 /// caller can close them.
 static inline ssize_t pk_recvmsg_fds(int fd, void *buf, size_t len, int *fds, unsigned int maxfds,
                                      unsigned int *fdcount, int *truncated, void *control,

@@ -167,7 +167,7 @@ final class ReceiveConnection {
         }
         guard let (count, truncated) = got else { return .idle }
         if truncated {
-            return .failed("the peer sent more descriptors than a message may carry, or the kernel truncated them (MSG_CTRUNC)")
+            return .failed("the peer sent more descriptors than a message may carry, or one that is not a Unix-domain stream socket, or the kernel truncated them (MSG_CTRUNC)")
         }
         if count == 0 {
             // End of stream: clean only at a frame boundary with no stray descriptors.

@@ -81,7 +81,7 @@ final class ReplyChannelReader: @unchecked Sendable {
                 return .failed("reading the reply channel failed: \(error)")
             }
             guard let (count, truncated) = got else { return .idle }
-            if truncated { return .failed("the reply channel carried more descriptors than a message may") }
+            if truncated { return .failed("the reply channel carried more descriptors than a message may, or one that is not a Unix-domain stream socket") }
             if let failure = decodeAvailable(handle) { return .failed(failure) }
             if count == 0 { return .ended }
             // Once per wake-up, as a port reads its connections: a peer that keeps the socket

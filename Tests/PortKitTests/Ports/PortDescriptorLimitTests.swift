@@ -102,4 +102,57 @@ import Testing
             #expect(live, "the carried port arrived as a live send right")
         }
     }
+
+    /// A descriptor that is not a Unix-domain stream socket (an `O_PATH` descriptor, on which
+    /// epoll_ctl and recvmsg fail with EBADF; a pipe; a file; a datagram socket), sent as a
+    /// new sender (ATTACH_SENDER) or as a message's port: a protocol error on that connection
+    /// only, the descriptor closed; the port and its other senders go on.
+    @Test(arguments: ["O_PATH", "pipe", "file", "datagram"], [true, false])
+    func aDescriptorThatIsNoPortsConnectionDropsOnlyThatConnection(kind: String, asNewSender: Bool) throws {
+        let outcome = try onLoopThread { loop -> (got: [UInt32], hungUp: Bool, valid: Bool) in
+            var got: [UInt32] = []
+            let port = PKReceivePort { got.append($0.msgid) }
+            try loop.add(port, forMode: .default)
+            let good = PKSendPort(connection: SendConnection(takingOwnershipOf: try port.makeTransferDescriptor()))
+            loop.run(in: .default, for: .milliseconds(20))
+
+            let foreign: Int32
+            var other: Int32 = -1
+            switch kind {
+            case "O_PATH": foreign = open("/", 0o10_000_000 /* O_PATH, which Glibc does not export */ | O_CLOEXEC)
+            case "pipe":
+                var ends: [Int32] = [-1, -1]
+                _ = pipe(&ends)
+                foreign = ends[0]
+                other = ends[1]
+            case "file": foreign = open("/dev/null", O_RDONLY | O_CLOEXEC)
+            default: foreign = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+            }
+            try #require(foreign >= 0)
+            defer { if other >= 0 { Descriptor.close(other) } }
+            let (readEnd, writeEnd) = try Socket.pair()
+            port.adoptFromAnyThread(readEnd)
+            _ = try Socket.send(writeEnd, ConnectionSetup.greeting, from: 0, descriptors: [])
+            var frame: [UInt8] = []
+            WireEncoder.append(asNewSender ? WireFrame.attachSender() : WireFrame(msgid: 1, components: [.port]), to: &frame)
+            _ = try Socket.send(writeEnd, frame, from: 0, descriptors: [foreign])
+            Descriptor.close(foreign)
+
+            let deadline = PKDeadline.after(patience(.seconds(10)))
+            while !Socket.peerHasHungUp(writeEnd) && !deadline.hasPassed {
+                loop.run(in: .default, for: .milliseconds(10))
+            }
+            let hungUp = Socket.peerHasHungUp(writeEnd)
+            Descriptor.close(writeEnd)
+            try good.send(PKPortMessage(msgid: 7), timeout: .seconds(5))
+            while !got.contains(7) && !deadline.hasPassed {
+                loop.run(in: .default, until: deadline, returnAfterSourceHandled: true)
+            }
+            defer { port.invalidate() }
+            return (got, hungUp, port.isValid)
+        }
+        #expect(outcome.hungUp, "the connection that sent it was closed")
+        #expect(outcome.got == [7], "only the good sender's message arrived")
+        #expect(outcome.valid)
+    }
 }
