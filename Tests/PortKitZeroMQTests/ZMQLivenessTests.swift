@@ -72,6 +72,52 @@ import PortKit
         IsolatedRun.check(result)
     }
 
+    /// A `tcp://` receiver that is alive but behind (its loop busy past the heartbeat bound,
+    /// its queue full, so libzmq stops reading the connection, PINGs and all) is not taken for
+    /// dead: its senders' sends wait for room, and every message arrives once it reads again.
+    @Test func aReceiverThatIsBehindOverTCPIsAlive() async {
+        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+            IsolatedRun.report {
+                PKZMQTransport.heartbeat = ZMQLivenessTests.heartbeat
+                try onLoopThread { loop in
+                    var limits = PKPortLimits.default
+                    limits.maxQueuedMessages = 4
+                    var received = 0
+                    let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*", limits: limits) { _ in received += 1 }
+                    defer { port.invalidate() }
+                    try loop.add(port, forMode: .default)
+                    let right = try PKZMQSendPort(connectingTo: port.endpoint)
+                    try right.send(PKZMQMessage(msgid: 0), timeout: .seconds(10))
+                    try run(loop, until: "the first message") { received == 1 }
+                    // Messages of 64 KiB go alone, one frame each: queues of 4 frames, and
+                    // the sockets' buffers, fill long before the last. The loop does not read
+                    // for three heartbeat bounds.
+                    let total = 200
+                    let sender = Locked<String?>(nil)
+                    let thread = Thread {
+                        for msgid in 1...UInt32(total) {
+                            do {
+                                try right.send(PKZMQMessage(msgid: msgid, data: [UInt8](repeating: 7, count: 64 * 1024)), timeout: .seconds(30))
+                            } catch {
+                                sender.value = "message \(msgid): \(error)"
+                                return
+                            }
+                        }
+                        sender.value = "sent"
+                    }
+                    thread.start()
+                    sleepFor(ZMQLivenessTests.heartbeat.bound * 3)
+                    try IsolatedRun.require(right.isValid, "a receiver that is behind was taken for dead")
+                    try run(loop, until: "every message", timeout: .seconds(30)) { received == total + 1 || sender.value?.hasPrefix("message") == true }
+                    try waitUntil("the sender's end", timeout: .seconds(30)) { sender.value != nil }
+                    try IsolatedRun.require(sender.value == "sent", "\(sender.value ?? "")")
+                    try IsolatedRun.require(received == total + 1 && right.isValid, "\(received) of \(total + 1) arrived")
+                }
+            }
+        }
+        IsolatedRun.check(result)
+    }
+
     /// Over ipc:// there are no heartbeats (protocol.md 10.5): a stopped process on this host is
     /// alive, as a stopped owner of a Unix-socket port is. Its right stays valid past the
     /// heartbeat bound, and the peer answers once it continues. (It fails with heartbeats on

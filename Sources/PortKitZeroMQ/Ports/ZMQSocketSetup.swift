@@ -53,13 +53,21 @@ extension ZMQSocket {
     /// it greets is alive too (with libzmq's 30 s, its connection was dropped and made again
     /// every 30 s). A bound socket keeps the limit: a local client that connects and never
     /// greets does not keep its session for good.
+    ///
+    /// Only the sending side (the connection) times a silent peer out: `ZMQ_HEARTBEAT_TIMEOUT`
+    /// on a connection, 0 on a bind, and no `ZMQ_HEARTBEAT_TTL` asked of a bind by a
+    /// connection's PINGs. A receiver whose queue is full has libzmq stop reading its
+    /// connections, PINGs and PONGs with the messages, so a receiver that timed its senders out
+    /// would drop a live one that is merely ahead of it, and its senders would see it die. Its
+    /// own PINGs still go out while it reads nothing: they tell its senders it lives, and a
+    /// stopped or lost receiver sends none.
     func setHeartbeats(toward endpoint: ZMQEndpoint, connecting: Bool = false) throws(PKError) {
         let heartbeat: PKZMQHeartbeat? = if case .tcp = endpoint { PKZMQTransport.heartbeat } else { nil }
         let handshake: Int32 = if case .ipc = endpoint, connecting { 0 } else { Self.handshakeMilliseconds.load(ordering: .relaxed) }
         try setOption(ZMQOption.handshakeInterval, handshake)
         try setOption(ZMQOption.heartbeatInterval, heartbeat?.intervalMilliseconds ?? 0)
-        try setOption(ZMQOption.heartbeatTimeout, heartbeat?.timeoutMilliseconds ?? 0)
-        try setOption(ZMQOption.heartbeatTTL, heartbeat?.ttlMilliseconds ?? 0)
+        try setOption(ZMQOption.heartbeatTimeout, connecting ? heartbeat?.timeoutMilliseconds ?? 0 : 0)
+        try setOption(ZMQOption.heartbeatTTL, connecting ? 0 : heartbeat?.ttlMilliseconds ?? 0)
     }
 }
 #endif
