@@ -68,10 +68,17 @@ extension PKRunLoop {
         }
     }
 
-    /// Whether `mode` contains `source`. Loop-only.
+    /// Whether `mode` contains `source` (for `.common`: whether it was added to the common
+    /// modes, as `CFRunLoopContainsSource` answers). Loop-only.
     public func contains(_ source: PKCustomSource, inMode mode: PKRunLoopMode) -> Bool {
         assertOwner("contains(_:inMode:)")
-        return record(mode)?.customSources[ObjectIdentifier(source)] != nil
+        return itemsAsked(of: mode)?.customSources[ObjectIdentifier(source)] != nil
+    }
+
+    /// What `contains` looks in: the common items for `.common` (which no run has a record
+    /// of), else `mode`'s record.
+    private func itemsAsked(of mode: PKRunLoopMode) -> ModeRecord? {
+        mode == .common ? commonItems : record(mode)
     }
 
     private func insert(_ source: PKCustomSource, into mode: PKRunLoopMode) {
@@ -113,10 +120,11 @@ extension PKRunLoop {
         noteTimersChanged()
     }
 
-    /// Whether `mode` contains `timer`. Loop-only.
+    /// Whether `mode` contains `timer` (for `.common`: whether it was added to the common
+    /// modes, as `CFRunLoopContainsTimer` answers). Loop-only.
     public func contains(_ timer: PKTimer, inMode mode: PKRunLoopMode) -> Bool {
         assertOwner("contains(_:inMode:)")
-        return record(mode)?.timers[ObjectIdentifier(timer)] != nil
+        return itemsAsked(of: mode)?.timers[ObjectIdentifier(timer)] != nil
     }
 
     /// Makes a timer, adds it to `mode` and returns it
@@ -206,8 +214,19 @@ extension PKRunLoop {
             }
         }
         // Not registered (another mode runs, or `events` is empty): the next pass in one of its
-        // modes registers it.
-        if source.registeredEvents == nil { parkedSources.insert(source.token) }
+        // modes registers it. Epoll is asked now whether it takes the descriptor (an add and a
+        // remove), so that a refusal is this call's error, not the source's invalidation later.
+        if source.registeredEvents == nil {
+            do throws(PKError) {
+                let epoll = try epollFD()
+                try Epoll.add(epoll, source.descriptor, events: 0, token: source.token)
+                Epoll.remove(epoll, source.descriptor)
+            } catch {
+                removeDescriptorSourceEverywhere(source)
+                throw error
+            }
+            parkedSources.insert(source.token)
+        }
     }
 
     /// Removes a descriptor source from `mode` (`CFRunLoopRemoveSource`). Removed from its last
@@ -294,7 +313,18 @@ extension PKRunLoop {
 
     func descriptorEventsChanged(_ source: PKDescriptorSource) {
         assertOwner("PKDescriptorSource.events")
-        guard source.registeredEvents != nil else { return }
+        guard source.registeredEvents != nil else {
+            // Parked, and now watching something: registered at once if the loop runs one of
+            // its modes or none (a hosted loop's `descriptor` must become readable for it
+            // between the host's passes), else by the next pass in one of its modes.
+            guard source.epollMask != nil, !source.modes.isEmpty, currentMode.map({ source.isIn($0) }) ?? true else { return }
+            parkedSources.remove(source.token)
+            do throws(PKError) { try register(source) } catch {
+                // It was accepted once (`add` asked epoll): the descriptor changed under us.
+                removeDescriptorSourceEverywhere(source)
+            }
+            return
+        }
         if source.epollMask == nil {
             unregister(source)
             parkedSources.insert(source.token)

@@ -401,10 +401,19 @@ public final class PKRunLoop: @unchecked Sendable {
     /// guide's `performSelector:onThread:`). Blocks run in the order they were given. A pass
     /// that runs a block has handled a source, as one that performs a selector has in Apple's
     /// loop: a run asked to return after a handled source (`runOnce`) returns after it, so a
-    /// worker's `while !shouldExit { loop.runOnce(...) }` sees a flag a block set. Safe from
-    /// any thread.
+    /// worker's `while !shouldExit { loop.runOnce(...) }` sees a flag a block set. A block
+    /// given once the loop's thread has ended is dropped, as those still queued at its end are
+    /// (no pass will ever run it, and kept, it would keep what it holds, the loop perhaps). Safe
+    /// from any thread.
     public func perform(inModes modes: [PKRunLoopMode] = [.common], _ block: @escaping @Sendable () -> Void) {
-        performQueue.withLock { $0.append((modes, block)) }
+        // Looked at under the queue's lock, as `performHousekeeping` does; a dropped block is
+        // released after it (its captures may perform on this loop as they go).
+        let queued = performQueue.withLock { queue -> Bool in
+            guard !housekeepingClosed else { return false }
+            queue.append((modes, block))
+            return true
+        }
+        guard queued else { return }
         performCount.add(1, ordering: .releasing)
         wakeUp()
     }
@@ -749,6 +758,8 @@ public final class PKRunLoop: @unchecked Sendable {
     @inline(never)
     private static func bounded(_ timeout: Int32, by due: UInt64) -> Int32 {
         let untilDue = PKDeadline(uptimeNanoseconds: due).pollTimeoutMilliseconds(now: monotonicNanoseconds())
+        // (-1: a timer that never fires bounds nothing.)
+        if untilDue < 0 { return timeout }
         return timeout < 0 || untilDue < timeout ? untilDue : timeout
     }
 

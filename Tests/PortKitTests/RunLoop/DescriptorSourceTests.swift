@@ -615,3 +615,77 @@ extension RunLoopTests.DescriptorSourceTests {
         #expect(result == .handledSource)
     }
 }
+
+extension RunLoopTests.DescriptorSourceTests {
+    /// A hosted loop's source given events between the host's passes (added with none) is
+    /// watched at once: the loop's descriptor becomes readable when it is ready.
+    @Test func aHostedLoopWatchesASourceGivenEventsBetweenPasses() throws {
+        let calls = try onLoopThread { loop in
+            let mode: PKRunLoopMode = "ds-host-events"
+            let pipe = try TestPipe()
+            defer { pipe.closeBoth() }
+            var calls = 0
+            let source = PKDescriptorSource(descriptor: pipe.readEnd, events: []) { _ in
+                calls += 1
+                pipe.drain()
+            }
+            try loop.add(source, forMode: mode)
+            defer { source.invalidate() }
+            _ = loop.descriptor
+            loop.runOnePass(in: mode)
+            source.events = .readable
+            pipe.makeReadable()
+            try runAsHost(loop, mode, "the source given events between passes") { calls > 0 }
+            return calls
+        }
+        #expect(calls == 1)
+    }
+
+    /// A descriptor epoll refuses, added while another mode runs (so it is not watched yet), or
+    /// with no events: `add` throws then, instead of the source being invalidated later by a
+    /// pass of its mode.
+    @Test func aParkedDescriptorEpollRefusesThrowsWhenAdded() throws {
+        let (whileOtherRuns, withNoEvents) = try onLoopThread { loop -> (Bool, Bool) in
+            let fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else { throw TestSystemCallFailed(call: "open", errno: errno) }
+            defer { close(fd) }
+            var whileOtherRuns = false
+            let other: PKRunLoopMode = "ds-refused-other"
+            keepAlive(loop, other)
+            loop.scheduleTimer(after: .zero, forMode: other) { _ in
+                do { try loop.add(PKDescriptorSource(descriptor: fd) { _ in }, forMode: "ds-refused-parked") } catch {
+                    whileOtherRuns = true
+                }
+            }
+            loop.run(in: other, until: .after(.milliseconds(20)))
+            var withNoEvents = false
+            do { try loop.add(PKDescriptorSource(descriptor: fd, events: []) { _ in }, forMode: "ds-refused-parked") } catch {
+                withNoEvents = true
+            }
+            return (whileOtherRuns, withNoEvents)
+        }
+        #expect(whileOtherRuns)
+        #expect(withNoEvents)
+    }
+
+    /// `contains(_:inMode: .common)` tells whether an item was added to the common modes
+    /// (`CFRunLoopContainsSource`, `CFRunLoopContainsTimer`).
+    @Test func itemsAddedToTheCommonModesAreContainedInThem() throws {
+        let answers = try onLoopThread { loop -> [Bool] in
+            let source = PKCustomSource {}
+            let timer = PKTimer(fireDate: .distantFuture) { _ in }
+            let before = [loop.contains(source, inMode: .common), loop.contains(timer, inMode: .common)]
+            loop.add(source, forMode: .common)
+            loop.add(timer, forMode: .common)
+            let added = [loop.contains(source, inMode: .common), loop.contains(timer, inMode: .common),
+                         loop.contains(source, inMode: .default), loop.contains(timer, inMode: .default)]
+            loop.remove(source, forMode: .common)
+            loop.remove(timer, forMode: .common)
+            let removed = [loop.contains(source, inMode: .common), loop.contains(timer, inMode: .common)]
+            source.invalidate()
+            timer.invalidate()
+            return before + added + removed
+        }
+        #expect(answers == [false, false, true, true, true, true, false, false])
+    }
+}

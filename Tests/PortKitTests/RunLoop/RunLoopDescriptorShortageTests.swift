@@ -51,12 +51,17 @@ extension RunLoopTests {
                         let loop = PKRunLoop.current
                         let mode: PKRunLoopMode = "deadline-shortage"
                         let keeper = keepAlive(loop, mode)
+                        // A timer that never fires, whose timerfd cannot be made either: it
+                        // bounds no wait (it used to make the wait unbounded).
+                        let never = PKTimer(fireDate: .distantFuture) { _ in }
                         _ = try? loop.epollFD()  // epoll and eventfd; no timerfd of either kind
                         let filled = DescriptorTableFiller()
+                        loop.add(never, forMode: mode)
                         let deadline = PKDeadline.after(.milliseconds(50))
                         let result = loop.run(in: mode, until: deadline)
                         let early = !deadline.hasPassed
                         filled.release()
+                        never.invalidate()
                         keeper.invalidate()
                         outcome.value = result == .timedOut && !early
                             ? "ok" : "the run returned \(result)\(early ? " before its deadline" : "")"

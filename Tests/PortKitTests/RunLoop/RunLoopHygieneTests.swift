@@ -247,6 +247,29 @@ extension RunLoopTests {
             try waitUntil("the loop released") { weakLoop.value?.loop == nil }
         }
 
+        /// A block given to `perform` once the loop's thread has ended is dropped, not queued
+        /// for good: one that holds the loop (a port's watch queues such a block) kept it, and
+        /// its descriptors, for the life of the process.
+        @Test func aBlockPerformedAfterItsLoopsThreadEndedIsDropped() throws {
+            let handOff = Locked<PKRunLoop?>(nil)
+            let thread = TestThread(name: "ended-loop-perform") { handOff.value = PKRunLoop.current }
+            try thread.join()
+            let ran = Locked(false)
+            // The strong reference ends with this function.
+            func performOnTheEndedLoop() throws -> WeakLoop {
+                let loop = handOff.value!
+                handOff.value = nil
+                // The thread's end runs after its body returned (a thread-local destructor).
+                try waitUntil("the loop's thread ended") { loop.threadEnded }
+                loop.perform { _ = loop; ran.value = true }
+                #expect(loop.queuedPerformBlocks == 0)
+                return WeakLoop(loop)
+            }
+            let weakLoop = try performOnTheEndedLoop()
+            try waitUntil("the loop released") { weakLoop.loop == nil }
+            #expect(!ran.value)
+        }
+
         // MARK: - Sleeping
 
         /// No periodic wake-up: a run with nothing to do (one timer a minute away) sleeps once for
