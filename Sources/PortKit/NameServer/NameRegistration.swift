@@ -9,6 +9,8 @@ final class NameRegistration {
     let name: String
     let directory: NameDirectory
     private let lockFD: Int32
+    /// The lock file's inode: `end` removes the file at the path only if it is still this one.
+    private let lockInode: UInt64
     private let listenFD: Int32
     private let socketInode: UInt64
     private var listener: PKDescriptorSource?
@@ -25,7 +27,7 @@ final class NameRegistration {
     init(name: String, port: PKReceivePort, directory: NameDirectory) throws(PKError) {
         let paths = try directory.paths(for: name)
         try directory.ensureSafe()
-        let lockFD = try Self.takeLock(paths.lock, name: name)
+        let (lockFD, lockInode) = try Self.takeLock(paths.lock, name: name)
         do throws(PKError) {
             try Self.removeStale(paths.socket, name: name)
             try Self.removeStale(paths.staging, name: name)
@@ -47,6 +49,7 @@ final class NameRegistration {
         self.name = name
         self.directory = directory
         self.lockFD = lockFD
+        self.lockInode = lockInode
         self.anchor = port.anchor
         let source = PKDescriptorSource(descriptor: listenFD, events: .readable) { [weak self] _ in
             self?.acceptWaiting()
@@ -98,6 +101,12 @@ final class NameRegistration {
     /// How long a listener that ran out of descriptors waits before it accepts again.
     static let acceptRetryDelay: Duration = .milliseconds(50)
 
+    /// Traps unless called on the thread of the port's loop (the registration's state is that
+    /// thread's). A port no loop holds any more has no thread to check.
+    func assertOwner(_ function: StaticString) {
+        port?.runLoop?.assertOwner(function)
+    }
+
     /// Removes the name: the socket file (if it is still ours), the listener, the lock file,
     /// then the lock. Loop-only; idempotent.
     func end() {
@@ -114,14 +123,17 @@ final class NameRegistration {
             _ = try? Files.unlink(socketPath)
         }
         Descriptor.close(listenFD)
-        // Unlink the lock file while holding the lock; a registrant that opened the old file
+        // Unlink the lock file while holding the lock (if it is still ours: someone may have
+        // removed it, and a new owner made another); a registrant that opened the old file
         // notices (its inode no longer matches the path) and tries again.
-        _ = try? Files.unlink(directory.lockPath(name))
+        let lockPath = directory.lockPath(name)
+        if let status = try? Files.status(lockPath), status.inode == lockInode { _ = try? Files.unlink(lockPath) }
         Descriptor.close(lockFD)
     }
 
-    /// Opens and locks the lock file; fails at once if a live owner holds it.
-    private static func takeLock(_ path: String, name: String) throws(PKError) -> Int32 {
+    /// Opens and locks the lock file; fails at once if a live owner holds it. Returns the
+    /// descriptor and the file's inode.
+    private static func takeLock(_ path: String, name: String) throws(PKError) -> (Int32, UInt64) {
         for _ in 0..<16 {
             let fd = try Files.openLockFile(path)
             let locked: Bool
@@ -140,20 +152,35 @@ final class NameRegistration {
                 Descriptor.close(fd)
                 throw error
             }
-            if let held, let current, held.inode == current.inode, current.kind == .regular {
-                return fd
+            if let held, let current, held.inode == current.inode {
+                guard current.kind == .regular else {
+                    Descriptor.close(fd)
+                    throw PKError(.unsafeDirectory, "\(path) is in the way of the name \"\(name)\" and is not a regular file; PortKit will not use it")
+                }
+                return (fd, held.inode)
             }
             Descriptor.close(fd)
         }
         throw PKError(.nameInUse, "the port name \"\(name)\" is changing hands too fast to register")
     }
 
-    /// With the lock held: removes a leftover socket of a dead owner, only if it is a socket of ours.
+    /// With the lock held: removes a leftover socket of a dead owner, only if it is a socket of
+    /// ours that accepts no connection. One that accepts (or whose backlog is full) has a live
+    /// owner, whose lock file was removed from outside (a cleaner of `/tmp`, a user's `rm`):
+    /// the name is in use, not taken over.
     private static func removeStale(_ path: String, name: String) throws(PKError) {
         guard let status = try Files.status(path) else { return }
         guard status.kind == .socket, status.owner == Socket.effectiveUserID else {
             throw PKError(.unsafeDirectory, "\(path) is in the way of the name \"\(name)\" and is not a socket of this user's; PortKit will not remove it")
         }
-        try Files.unlink(path)
+        switch Socket.connect(to: path) {
+        case .success(let probe):
+            Descriptor.close(probe)  // the owner's listener sees a connection end before its greeting
+            throw PKError(.nameInUse, "the port name \"\(name)\" is registered by a live owner (its lock file is missing)")
+        case .failure(.busy):
+            throw PKError(.nameInUse, "the port name \"\(name)\" is registered by a live owner (its lock file is missing)")
+        case .failure:
+            try Files.unlink(path)
+        }
     }
 }

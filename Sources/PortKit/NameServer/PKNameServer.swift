@@ -59,14 +59,19 @@ public struct PKNameServer: Sendable {
     }
 
     /// Removes a name this process registered (`-[NSPortNameServer removePortForName:]`).
-    /// Call it on the thread of the registered port's loop. The port stays valid.
+    /// Loop-only: call it on the thread of the registered port's loop (it traps elsewhere, as
+    /// `register` does). The port stays valid.
     ///
     /// - Throws: `PKError` with `.nameNotFound` if this process has not registered `name`.
     public func unregister(name: String) throws(PKError) {
         try NameDirectory.validate(name)
         let key = RegistryKey(directory: directory, name: name)
-        guard let registration = registry.withLock({ $0.removeValue(forKey: key) }) else {
+        guard let registration = registry.withLock({ $0[key] }) else {
             throw PKError(.nameNotFound, "this process has not registered the name \"\(name)\"")
+        }
+        registration.value.assertOwner("PKNameServer.unregister(name:)")
+        registry.withLock { entries in
+            if entries[key]?.value === registration.value { entries.removeValue(forKey: key) }
         }
         registration.value.end()
     }

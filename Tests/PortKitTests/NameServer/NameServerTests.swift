@@ -63,6 +63,73 @@ final class TemporaryNameDirectory: Sendable {
         }
     }
 
+    /// A live owner whose lock file was removed from outside (a cleaner of `/tmp`, an `rm`)
+    /// keeps its name: a second registrant finds its socket accepting and is refused, and the
+    /// name still reaches the first owner's port. The first owner's end leaves the second's
+    /// lock file, should there be one, alone.
+    @Test func aLiveOwnerWhoseLockFileWasRemovedKeepsItsName() throws {
+        let dir = TemporaryNameDirectory()
+        let got = try onLoopThread { loop -> [UInt32] in
+            var got: [UInt32] = []
+            let a = PKReceivePort { got.append($0.msgid) }
+            let b = PKReceivePort()
+            try loop.add(a, forMode: .default)
+            try loop.add(b, forMode: .default)
+            defer { a.invalidate(); b.invalidate() }
+            try dir.server.register(a, name: "kept")
+            #expect(unlink(dir.path + "/kept.lock") == 0)
+            #expect { try dir.server.register(b, name: "kept") } throws: { ($0 as? PKError)?.code == .nameInUse }
+            let right = try dir.server.lookUp("kept")
+            try right.send(PKPortMessage(msgid: 5), timeout: .seconds(5))
+            let deadline = PKDeadline.after(patience(.seconds(10)))
+            while got.isEmpty && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
+            try dir.server.unregister(name: "kept")
+            return got
+        }
+        #expect(got == [5])
+    }
+
+    /// Something other than a regular file at a name's lock path (a FIFO) is refused as an
+    /// unsafe directory, at once (it was taken for a lock file changing hands, 16 times over).
+    @Test func aLockPathThatIsNoRegularFileIsRefused() throws {
+        let dir = TemporaryNameDirectory()
+        #expect(mkdir(dir.path, 0o700) == 0)
+        #expect(mkfifo(dir.path + "/piped.lock", 0o600) == 0)
+        try onLoopThread { loop in
+            let port = PKReceivePort()
+            try loop.add(port, forMode: .default)
+            defer { port.invalidate() }
+            #expect { try dir.server.register(port, name: "piped") } throws: { ($0 as? PKError)?.code == .unsafeDirectory }
+        }
+    }
+
+    /// `unregister` on a thread other than the port's loop's traps, as `register` does (the
+    /// registration's listener belongs to that loop).
+    @Test func unregisteringFromAnotherThreadTraps() async {
+        var result: ExitTest.Result?
+        await exitTestInTurn {
+            result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+                let dir = TemporaryNameDirectory()
+                let registered = TestLatch<Bool>()
+                let release = TestLatch<Bool>()
+                let owner = TestThread {
+                    let port = PKReceivePort()
+                    try? PKRunLoop.current.add(port, forMode: .default)
+                    registered.set((try? dir.server.register(port, name: "elsewhere")) != nil)
+                    _ = try? release.wait(timeout: .seconds(30))
+                }
+                guard (try? registered.wait()) == true else { exit(0) }
+                try? dir.server.unregister(name: "elsewhere")
+                release.set(true)
+                try? owner.join()
+                exit(0)  // reached only if the call did not trap
+            }
+        }
+        // Before it changes anything: not a trap deeper in, once the name was half removed.
+        let message = String(decoding: result?.standardErrorContent ?? [], as: UTF8.self)
+        #expect(message.contains("PKRunLoop.PKNameServer.unregister(name:) is loop-only"), "\(message)")
+    }
+
     /// A port's invalidation removes only the name it still holds: A registers a name and gives
     /// it up, B registers it; A's invalidation leaves B's name, which B can still unregister.
     /// (A's old hook removed B's entry: the unregister failed with `.nameNotFound`.) Names
