@@ -747,6 +747,15 @@ final class SendConnection: @unchecked Sendable {
                     markInvalid(&state, "the receive port is gone")
                     throw PKError(.invalidPort, "cannot send: the receive port is gone")
                 }
+                // A write with descriptors is a frame's first (pending bytes are written before
+                // one): refused whole, it leaves the stream at a frame boundary. The kernel's
+                // refusals for the moment fail this send only, not the connection:
+                // ETOOMANYREFS (this user's descriptors in flight, in every process, passed
+                // RLIMIT_NOFILE: receivers that do not read), ENOBUFS, ENOMEM.
+                if !attach.isEmpty, Socket.isRefusedForNow(error.errno) {
+                    throw PKError(Socket.isTooManyInFlight(error.errno) ? .limitExceeded : .system,
+                                  "the kernel refused the message's descriptors for now; nothing was sent", call: error.call, errno: error.errno)
+                }
                 markInvalid(&state, "the connection failed: \(error)")
                 throw PKError(.transport, "sending failed; the connection was closed", call: error.call, errno: error.errno)
             }

@@ -142,4 +142,14 @@ enum Socket {
     static func isPeerGone(_ errno: Int32?) -> Bool {
         errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN
     }
+
+    /// Whether a `sendmsg` with descriptors was refused for the moment, nothing of it sent:
+    /// too many of this user's descriptors in flight (`isTooManyInFlight`), or no memory.
+    static func isRefusedForNow(_ errno: Int32?) -> Bool {
+        errno == ETOOMANYREFS || errno == ENOBUFS || errno == ENOMEM
+    }
+
+    /// Whether a `sendmsg` failed because this user's descriptors in flight (sent, not yet
+    /// received, in every process) passed `RLIMIT_NOFILE`.
+    static func isTooManyInFlight(_ errno: Int32?) -> Bool { errno == ETOOMANYREFS }
 }

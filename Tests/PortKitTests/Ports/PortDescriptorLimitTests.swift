@@ -155,4 +155,58 @@ import Testing
         #expect(outcome.got == [7], "only the good sender's message arrived")
         #expect(outcome.valid)
     }
+
+    /// A send whose descriptors the kernel refuses for the moment (ETOOMANYREFS: this user's
+    /// descriptors in flight, sent and not yet received, passed RLIMIT_NOFILE) fails alone,
+    /// with `.limitExceeded`: the right and its connection stay valid, and once the receiver
+    /// reads, sends with ports go on. It closed the connection for good. Run in a child
+    /// process, as a user without CAP_SYS_RESOURCE (whose descriptors in flight the kernel does
+    /// not count).
+    @Test func descriptorsRefusedForNowFailOnlyThatSend() async {
+        await exitTestInTurn {
+            await #expect(processExitsWith: .success) {
+                var limit = rlimit(rlim_cur: 256, rlim_max: 256)
+                guard setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, setgid(65534) == 0, setuid(65534) == 0 else {
+                    endExitTest("cannot lower the limit and become nobody", failures: ["errno \(errno)"])
+                }
+                let outcome = Locked<[String]>([])
+                let thread = TestThread(name: "in-flight") {
+                    var failures: [String] = []
+                    defer { outcome.value = failures }
+                    let loop = PKRunLoop.current
+                    var got = 0
+                    let port = PKReceivePort { _ in got += 1 }
+                    guard (try? loop.add(port, forMode: .default)) != nil, let descriptor = try? port.makeTransferDescriptor() else {
+                        failures.append("no port")
+                        return
+                    }
+                    let right = PKSendPort(connection: SendConnection(takingOwnershipOf: descriptor))
+                    // The right itself in each message: a new connection to the port, whose one end
+                    // goes to the port (ATTACH_SENDER) and the other with the message. Both stay
+                    // in flight (the loop does not run), and this process closes its copies.
+                    var sent = 0
+                    var refusal: PKError?
+                    while sent < 1000 && refusal == nil {
+                        do {
+                            try right.send(PKPortMessage(msgid: 1, components: [.port(right)]), before: .now)
+                            sent += 1
+                        } catch let error as PKError { refusal = error } catch { failures.append("\(error)") }
+                    }
+                    if refusal?.code != .limitExceeded { failures.append("after \(sent) sends: \(refusal.map { "\($0)" } ?? "no refusal")") }
+                    if !right.isValid { failures.append("the right was invalidated") }
+                    // The receiver reads: what it held is received, and a send with a port goes.
+                    let deadline = PKDeadline.after(.seconds(20))
+                    while got < sent && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
+                    do { try right.send(PKPortMessage(msgid: 2, components: [.port(right)]), before: .after(.seconds(5))) } catch {
+                        failures.append("the send after the receiver read: \(error)")
+                    }
+                    while got < sent + 1 && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }
+                    if got != sent + 1 { failures.append("\(got) of \(sent + 1) arrived") }
+                    port.invalidate()
+                }
+                do { try thread.joinPatiently(timeout: .seconds(60)) } catch { endExitTest("the thread did not end", failures: ["\(error)"]) }
+                endExitTest("in flight", failures: outcome.value)
+            }
+        }
+    }
 }
