@@ -48,9 +48,9 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
     /// Sends `message`, waiting while the receiver's queue is full until `deadline`
     /// (`-[NSPortMessage sendBeforeDate:]`, `-[NSPort sendBeforeDate:msgid:components:from:reserved:]`).
     ///
-    /// A message is queued whole or not at all: if the deadline passes before any of it is
-    /// queued, nothing is sent. If it passes with part of a message queued, the connection is
-    /// closed (the receiver discards the partial message) and this send right becomes invalid.
+    /// A message is accepted whole or not at all: if the deadline passes before any of it is
+    /// in the socket, nothing is sent; once part of it is, the rest waits in the connection's
+    /// pending bytes and goes out as the receiver reads (docs/decisions.md, "Send deadline").
     /// Through a right made in this process by `makeSendRight()`, the message is handed over in
     /// memory (its ports still become connections of the receiver's own); a sender on the port's own loop
     /// thread never waits for itself: when the queue is full there, the send fails at once.
@@ -59,7 +59,9 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
     ///   - message: the message; its ports travel as send rights to the same ports.
     ///   - deadline: how long a full queue may hold the sender; `.now` never waits.
     /// - Throws: `PKError` with `.sendTimedOut`, `.invalidPort` (the port is or became invalid),
-    ///   `.limitExceeded` (the message is over the limits), or `.transport`.
+    ///   `.limitExceeded` (the message is over the limits, or the kernel refused its ports for
+    ///   now: too many of this user's descriptors in flight), `.system` (the same for want of
+    ///   memory, the right still valid), or `.transport`.
     public func send(_ message: consuming PKPortMessage, before deadline: PKDeadline) throws(PKError) {
         try send(consume message, replyBackToken: 0, before: deadline)
     }
