@@ -33,8 +33,9 @@ public struct PKZMQHeartbeat: Sendable, Equatable {
 
     var intervalMilliseconds: Int32 { Self.milliseconds(interval) }
     var timeoutMilliseconds: Int32 { Self.milliseconds(timeout) }
-    /// The TTL travels in deciseconds: round up to a whole one.
-    var ttlMilliseconds: Int32 { (Self.milliseconds(timeout) + 99) / 100 * 100 }
+    /// The TTL travels in deciseconds, in 16 bits: rounded up to a whole one, at most
+    /// 6,553.5 s (libzmq refuses more, and every `tcp://` bind would fail).
+    var ttlMilliseconds: Int32 { min((Self.milliseconds(timeout) + 99) / 100 * 100, 6_553_500) }
 
     private static func milliseconds(_ duration: Duration) -> Int32 {
         let (seconds, attoseconds) = duration.components

@@ -118,6 +118,16 @@ import PortKit
         IsolatedRun.check(result)
     }
 
+    /// A heartbeat timeout past what ZMTP's TTL can carry (16 bits of deciseconds, 6,553.5 s)
+    /// asks the largest TTL instead: libzmq refused the option, and every `tcp://` bind failed.
+    @Test func aLongHeartbeatTimeoutAsksTheLongestTTL() throws {
+        let heartbeat = PKZMQHeartbeat(interval: .seconds(1), timeout: .seconds(7_200))
+        #expect(heartbeat.ttlMilliseconds == 6_553_500)
+        let socket = try ZMQSocket(.pull)
+        defer { socket.close() }
+        try socket.setOption(ZMQOption.heartbeatTTL, heartbeat.ttlMilliseconds)
+    }
+
     /// Over ipc:// there are no heartbeats (protocol.md 10.5): a stopped process on this host is
     /// alive, as a stopped owner of a Unix-socket port is. Its right stays valid past the
     /// heartbeat bound, and the peer answers once it continues. (It fails with heartbeats on

@@ -161,9 +161,13 @@ final class ReceiveConnection {
     }
 
     private func readOnceInPlace(into scratch: inout ReadScratch) -> ReadOutcome {
-        let got: (count: Int, truncated: Bool)?
+        var got: (count: Int, truncated: Bool)?
         do throws(PKError) { got = try scratch.receive(fd, into: &decoder, upTo: Self.readChunk) } catch {
-            return .failed("reading failed: \(error)")
+            // A reset: the peer closed with bytes of ours unread (a requester gone with a late
+            // answer or NO_REPLY unread). The kernel reports it once everything the peer sent
+            // has been read: its end of stream, no protocol error.
+            guard Socket.isPeerGone(error.errno) else { return .failed("reading failed: \(error)") }
+            got = (0, false)
         }
         guard let (count, truncated) = got else { return .idle }
         if truncated {

@@ -94,7 +94,9 @@ private struct PendingRequest {
     init(_ port: PKZMQSendPort, _ message: PKZMQMessage, waiter: ZMQReplyWaiter, sendTimeout: Duration) throws(PKError) {
         let connection = try port.right.connection()
         let service = try ZMQReplyService.shared()
-        let replyEndpoint = try service.endpoint(toward: port.right.endpoint, before: .after(sendTimeout))
+        // One deadline for the reply endpoint's lookup and the send: `sendTimeout` in all.
+        let deadline = PKDeadline.after(sendTimeout)
+        let replyEndpoint = try service.endpoint(toward: port.right.endpoint, before: deadline)
         let id = service.register(waiter)
         // A reply travels on another connection than the request, so it can arrive just after
         // the remote port's death is noticed (a server that answers, then exits): it still
@@ -111,7 +113,7 @@ private struct PendingRequest {
         self.connection = connection
         self.watch = watch
         let reply = ZMQPortAddress(endpoint: replyEndpoint, portID: id)
-        do throws(PKError) { try port.send(message, reply: reply, on: connection, before: .after(sendTimeout)) } catch {
+        do throws(PKError) { try port.send(message, reply: reply, on: connection, before: deadline) } catch {
             end()
             throw error
         }
