@@ -145,6 +145,8 @@ int pk_spawn(pid_t *pid, const char *path, char *const argv[], char *const envp[
 
 int pk_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
 
+int pk_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
+
 #include <linux/futex.h>
 
 void pk_futex_wait(uint32_t *word, uint32_t expected) {

@@ -12,9 +12,14 @@ import PortKit
 /// ports (protocol.md 10.5).
 public struct PKZMQHeartbeat: Sendable, Equatable {
     /// How often each side sends a PING when the connection is otherwise quiet. Default 1 s.
+    /// A receive port's PINGs also tell its senders that it lives while it is behind (its
+    /// queue full, libzmq reads nothing from them): keep it below the senders' `timeout`.
     public var interval: Duration
-    /// How long a side waits for any traffic after a PING before it drops the connection;
-    /// also sent to the peer as the TTL it should apply to us. Default 3 s.
+    /// How long a sender (a send right's connection) waits for any traffic after a PING before
+    /// it drops the connection. A receive port drops no sender for silence (a sender that is
+    /// merely ahead of it would be dropped), and asks its senders, as the TTL its PINGs carry,
+    /// to drop it after this long without them (at most 65.5 s, what the TTL can carry).
+    /// Default 3 s.
     public var timeout: Duration
 
     /// Heartbeats every `interval`, dropping a connection silent for `timeout` after a PING.
@@ -33,9 +38,12 @@ public struct PKZMQHeartbeat: Sendable, Equatable {
 
     var intervalMilliseconds: Int32 { Self.milliseconds(interval) }
     var timeoutMilliseconds: Int32 { Self.milliseconds(timeout) }
-    /// The TTL travels in deciseconds, in 16 bits: rounded up to a whole one, at most
-    /// 6,553.5 s (libzmq refuses more, and every `tcp://` bind would fail).
-    var ttlMilliseconds: Int32 { min((Self.milliseconds(timeout) + 99) / 100 * 100, 6_553_500) }
+    /// The TTL travels in deciseconds, in 16 bits, and libzmq keeps it in 16 bits of
+    /// milliseconds once it has it: rounded up to a whole decisecond, at most 65.5 s (a longer
+    /// one wraps around at the peer: 65.6 s arrived as 64 ms, and the peer dropped a live
+    /// receiver a moment after each PING). A timeout past 65.5 s is the senders' own, and
+    /// applies when they can PING.
+    var ttlMilliseconds: Int32 { min((Self.milliseconds(timeout) + 99) / 100 * 100, 65_500) }
 
     private static func milliseconds(_ duration: Duration) -> Int32 {
         let (seconds, attoseconds) = duration.components

@@ -164,6 +164,9 @@ int pk_spawn(pid_t *pid, const char *path, char *const argv[], char *const envp[
              const int *from, const int *to, int count);
 /// pidfd_open(2).
 int pk_pidfd_open(pid_t pid);
+/// pipe2(2) with O_CLOEXEC: both ends close-on-exec from the start (a child spawned by another
+/// thread meanwhile inherits neither).
+int pk_pipe_cloexec(int fds[2]);
 /// Reaps the child `pidfd` refers to if it has ended, without blocking (waitid(2) with
 /// P_PIDFD and WNOHANG): 1 with its exit code (signal 0) or the signal that killed it (code
 /// -1), 0 if it runs, -1 with errno.

@@ -179,8 +179,13 @@ final class NameRegistration {
             throw PKError(.nameInUse, "the port name \"\(name)\" is registered by a live owner (its lock file is missing)")
         case .failure(.busy):
             throw PKError(.nameInUse, "the port name \"\(name)\" is registered by a live owner (its lock file is missing)")
-        case .failure:
+        case .failure(.refused):
             try Files.unlink(path)
+        case .failure(.noSuchName):
+            return  // gone meanwhile
+        case .failure(.system(let error)):
+            // Not known to be stale (out of descriptors for the probe, say): left as it is.
+            throw error
         }
     }
 }

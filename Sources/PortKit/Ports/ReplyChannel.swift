@@ -192,7 +192,10 @@ final class ReplyRight: Sendable {
         do throws(PKError) {
             try writer.write(frame, descriptors: descriptors, before: deadline)
         } catch {
-            ticket.endAnswer(sent: error.code != .sendTimedOut)
+            // Nothing went out on a timeout, a message over the limits, or descriptors the
+            // kernel refused for now: the right stays open (to answer again, or NO_REPLY).
+            let nothingSent = error.code == .sendTimedOut || error.code == .limitExceeded || Socket.isRefusedForNow(error.errno)
+            ticket.endAnswer(sent: !nothingSent)
             throw error
         }
         ticket.endAnswer(sent: true)

@@ -23,7 +23,7 @@ public struct PKZMQNameService: Sendable {
 
     /// Registers `port` under `name`. Returns once the server has connected to the port: from
     /// then on, the name lasts until `unregister`, the port's invalidation, or its owner's death
-    /// or, over `tcp://`, silence (the server's heartbeats stop being answered).
+    /// or, over `tcp://`, silence (its PINGs and its answers to the server's stop).
     ///
     /// - Throws: `.nameInUse` (a live owner holds the name), `.badName`, `.transport` (the server
     ///   could not reach the port), `.sendTimedOut`/`.receiveTimedOut` (no server answered),

@@ -164,51 +164,59 @@ final class ZMQConnection: @unchecked Sendable {
     /// looked the name up at every try, did) if nothing has gone to the old one.
     private func connectWhenKnown(host: String, port: String) {
         HostResolver.whenKnown(host) { [weak self] address in
-            guard let self, deadReason == nil else { return }
-            guard let address else {
-                later(HostResolver.keepFailed) { $0.connectWhenKnown(host: host, port: port) }
-                return
-            }
-            let refused = sending.withLock { sending -> PKError? in
-                let target = "tcp://\(address):\(port)"
-                guard var socket = sending.socket, target != sending.connectedTo else { return nil }
-                if sending.connectedTo != nil {
-                    // The handshake may have succeeded since the timer looked, and the monitor
-                    // reports it late: keep the connection if a frame went in since it
-                    // connected (its pipe would drop it). If none did, nothing of ours is in
-                    // the old socket (the lock is held): it is closed, and a new one connects.
-                    // A new socket, not `zmq_disconnect`: libzmq's I/O thread may complete the
-                    // old handshake at any moment, and the socket would then take the pipe, and
-                    // the next frames, from the old address; the old socket's monitor events
-                    // (its handshake, its end) are ignored.
-                    guard !isEstablished, !sending.sentSinceConnect else { return nil }
-                    guard let (fresh, monitor) = try? Self.monitoredSocket(toward: endpoint, limits: limits) else {
-                        return nil  // no socket now (descriptors?): the timer looks again
-                    }
-                    let generation = socketGeneration.add(1, ordering: .acquiringAndReleasing).newValue
-                    try? socket.setOption(ZMQOption.linger, 0)
-                    socket.close()
-                    socket = fresh
-                    sending.socket = fresh
-                    start(monitor, generation: generation)
+            // On the background loop, whatever thread has the answer (a lookup thread, this
+            // one inside `init`, the loop's own timer): there the monitor's reports run too, so
+            // a report of the old socket's handshake cannot pass its generation check before a
+            // swap and mark the new socket established after it.
+            PKRunLoop.background.perform { [weak self] in self?.connect(host: host, port: port, address: address) }
+        }
+    }
+
+    /// `connectWhenKnown`'s work once the name's address (or its absence) is known. On the
+    /// background loop.
+    private func connect(host: String, port: String, address: String?) {
+        guard deadReason == nil else { return }
+        guard let address else {
+            later(HostResolver.keepFailed) { $0.connectWhenKnown(host: host, port: port) }
+            return
+        }
+        let refused = sending.withLock { sending -> PKError? in
+            let target = "tcp://\(address):\(port)"
+            guard var socket = sending.socket, target != sending.connectedTo else { return nil }
+            if sending.connectedTo != nil {
+                // The handshake may have succeeded since the timer looked, and the monitor
+                // reports it late: keep the connection if a frame went in since it
+                // connected (its pipe would drop it). If none did, nothing of ours is in
+                // the old socket (the lock is held): it is closed, and a new one connects.
+                // A new socket, not `zmq_disconnect`: libzmq's I/O thread may complete the
+                // old handshake at any moment, and the socket would then take the pipe, and
+                // the next frames, from the old address; the old socket's monitor events
+                // (its handshake, its end) are ignored.
+                guard !isEstablished, !sending.sentSinceConnect else { return nil }
+                guard let (fresh, monitor) = try? Self.monitoredSocket(toward: endpoint, limits: limits) else {
+                    return nil  // no socket now (descriptors?): the timer looks again
                 }
-                do throws(PKError) { try socket.connect(target) } catch { return error }
-                sending.connectedTo = target
-                sending.sentSinceConnect = false
-                // zmq_connect reads libzmq's commands: the news a waiting send's ZMQ_FD would
-                // have woken it for.
-                if sending.roomWaiters > 0 { roomChanged.signal() }
-                return nil
+                let generation = socketGeneration.add(1, ordering: .acquiringAndReleasing).newValue
+                try? socket.setOption(ZMQOption.linger, 0)
+                socket.close()
+                socket = fresh
+                sending.socket = fresh
+                start(monitor, generation: generation)
             }
-            if let refused {
-                // Not here: this may run inside `init`, under the connection cache's lock,
-                // which `die` takes.
-                later(.zero) { $0.die("cannot connect to \($0.endpoint) at \(address): \(refused.message)") }
-                return
-            }
-            later(HostResolver.keepFound) { connection in
-                if !connection.isEstablished { connection.connectWhenKnown(host: host, port: port) }
-            }
+            do throws(PKError) { try socket.connect(target) } catch { return error }
+            sending.connectedTo = target
+            sending.sentSinceConnect = false
+            // zmq_connect reads libzmq's commands: the news a waiting send's ZMQ_FD would
+            // have woken it for.
+            if sending.roomWaiters > 0 { roomChanged.signal() }
+            return nil
+        }
+        if let refused {
+            die("cannot connect to \(endpoint) at \(address): \(refused.message)")
+            return
+        }
+        later(HostResolver.keepFound) { connection in
+            if !connection.isEstablished { connection.connectWhenKnown(host: host, port: port) }
         }
     }
 

@@ -163,6 +163,10 @@ import Testing
     /// process, as a user without CAP_SYS_RESOURCE (whose descriptors in flight the kernel does
     /// not count).
     @Test func descriptorsRefusedForNowFailOnlyThatSend() async {
+        guard getuid() == 0 else {
+            print("skipped: becoming uid 65534 needs root")
+            return
+        }
         await exitTestInTurn {
             await #expect(processExitsWith: .success) {
                 var limit = rlimit(rlim_cur: 256, rlim_max: 256)
@@ -194,6 +198,27 @@ import Testing
                     }
                     if refusal?.code != .limitExceeded { failures.append("after \(sent) sends: \(refusal.map { "\($0)" } ?? "no refusal")") }
                     if !right.isValid { failures.append("the right was invalidated") }
+                    // Meanwhile a server answers a request with a port: refused for now, the
+                    // right to answer stays, and its answer without a port reaches the requester.
+                    let refusedAnswer = Locked<String?>(nil)
+                    do {
+                        let server = try PortServer { serverPort, serverLoop in
+                            let carried = PKReceivePort()
+                            try? serverLoop.add(carried, forMode: .default)
+                            serverPort.handler = { message in
+                                do {
+                                    try message.replyPort?.send(PKPortMessage(msgid: 9, components: [.port(carried.makeSendRight())]), timeout: .seconds(5))
+                                    refusedAnswer.value = "sent"
+                                } catch { refusedAnswer.value = "\(error)" }
+                                try? message.replyPort?.send(PKPortMessage(msgid: 10), timeout: .seconds(5))
+                            }
+                        }
+                        let reply = try independentRight(to: server.port)
+                            .sendRequest(PKPortMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+                        if reply?.msgid != 10 { failures.append("the request got \(reply.map { "\($0.msgid)" } ?? "nothing")") }
+                        if refusedAnswer.value?.contains("limitExceeded") != true { failures.append("the answer with a port: \(refusedAnswer.value ?? "none")") }
+                        try server.stop()
+                    } catch { failures.append("the request: \(error)") }
                     // The receiver reads: what it held is received, and a send with a port goes.
                     let deadline = PKDeadline.after(.seconds(20))
                     while got < sent && !deadline.hasPassed { loop.run(in: .default, until: deadline, returnAfterSourceHandled: true) }

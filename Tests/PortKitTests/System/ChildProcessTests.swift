@@ -1,27 +1,33 @@
 // Child processes: waited for by several threads at once, handed descriptors whose numbers
 // collide, and given the environment's bytes as they are.
 
+import CPortKit
 import Glibc
 import Testing
 @testable import PortKit
 
 @Suite struct ChildProcessTests {
-    /// Reads `fd` to its end.
+    /// Reads `fd` to its end, or what came within 20 s.
     private static func readAll(_ fd: Int32) -> [UInt8] {
         var bytes: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 256)
-        while true {
+        let deadline = PKDeadline.after(.seconds(20))
+        while !deadline.hasPassed {
+            var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            guard poll(&entry, 1, 100) >= 0 || errno == EINTR else { return bytes }
+            guard entry.revents != 0 else { continue }
             let count = read(fd, &buffer, buffer.count)
             if count <= 0 { return bytes }
             bytes += buffer[0..<count]
         }
+        return bytes
     }
 
-    /// A pipe whose ends are closed at the end of the test.
+    /// A pipe, both ends close-on-exec from the start (a child another test spawns meanwhile
+    /// inherits neither, and cannot keep a write end open).
     private static func pipeEnds() throws -> (read: Int32, write: Int32) {
         var ends: [Int32] = [0, 0]
-        try #require(pipe(&ends) == 0)
-        for fd in ends { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+        try #require(pk_pipe_cloexec(&ends) == 0)
         return (ends[0], ends[1])
     }
 
@@ -65,19 +71,25 @@ import Testing
         #expect(status?.code == 0)
     }
 
-    /// An environment entry that is not UTF-8 reaches the child byte for byte.
-    @Test func environmentBytesPassUnchanged() throws {
-        let name = "PK_TEST_BYTES_\(getpid())"
-        let value: [CChar] = [0x63, 0x61, 0x66, CChar(bitPattern: 0xE9), 0]
-        try #require(setenv(name, value, 1) == 0)
-        defer { unsetenv(name) }
-        let output = try Self.pipeEnds()
-        defer { close(output.read) }
-        let child = try ChildProcess(
-            path: "/bin/sh", arguments: ["-c", "printf %s \"$\(name)\""], environment: ["PK_TEST_OTHER": "x"],
-            inherit: [(output.write, 1)])
-        close(output.write)
-        _ = child.waitUntilExit(until: .after(.seconds(20)))
-        #expect(Self.readAll(output.read) == [0x63, 0x61, 0x66, 0xE9])
+    /// An environment entry that is not UTF-8 reaches the child byte for byte. In a child
+    /// process of its own: `setenv` may move `environ` under another thread reading it.
+    @Test func environmentBytesPassUnchanged() async {
+        await exitTestInTurn {
+            await #expect(processExitsWith: .success) {
+                let name = "PK_TEST_BYTES"
+                let value: [CChar] = [0x63, 0x61, 0x66, CChar(bitPattern: 0xE9), 0]
+                guard setenv(name, value, 1) == 0, let output = try? Self.pipeEnds() else {
+                    endExitTest("no environment entry or pipe", failures: ["errno \(errno)"])
+                }
+                guard let child = try? ChildProcess(
+                    path: "/bin/sh", arguments: ["-c", "printf %s \"$\(name)\""], environment: ["PK_TEST_OTHER": "x"],
+                    inherit: [(output.write, 1)])
+                else { endExitTest("no child", failures: ["spawn failed"]) }
+                close(output.write)
+                _ = child.waitUntilExit(until: .after(.seconds(20)))
+                let got = Self.readAll(output.read)
+                endExitTest("environment", failures: got == [0x63, 0x61, 0x66, 0xE9] ? [] : ["the child got \(got)"])
+            }
+        }
     }
 }
