@@ -745,21 +745,7 @@ final class SendConnection: @unchecked Sendable {
             do throws(PKError) {
                 result = try Socket.send(fd, UnsafeRawBufferPointer(rebasing: bytes[offset...]), descriptors: attach)
             } catch {
-                if Socket.isPeerGone(error.errno) {
-                    markInvalid(&state, "the receive port is gone")
-                    throw PKError(.invalidPort, "cannot send: the receive port is gone")
-                }
-                // A write with descriptors is a frame's first (pending bytes are written before
-                // one): refused whole, it leaves the stream at a frame boundary. The kernel's
-                // refusals for the moment fail this send only, not the connection:
-                // ETOOMANYREFS (this user's descriptors in flight, in every process, passed
-                // RLIMIT_NOFILE: receivers that do not read), ENOBUFS, ENOMEM.
-                if !attach.isEmpty, Socket.isRefusedForNow(error.errno) {
-                    throw PKError(Socket.isTooManyInFlight(error.errno) ? .limitExceeded : .system,
-                                  "the kernel refused the message's descriptors for now; nothing was sent", call: error.call, errno: error.errno)
-                }
-                markInvalid(&state, "the connection failed: \(error)")
-                throw PKError(.transport, "sending failed; the connection was closed", call: error.call, errno: error.errno)
+                throw writeFailed(&state, error, withDescriptors: !attach.isEmpty)
             }
             switch result {
             case .done(let n):
@@ -771,6 +757,27 @@ final class SendConnection: @unchecked Sendable {
             }
         }
         return offset
+    }
+
+    /// What a failed write throws, and what it does to the connection. Out of line: every
+    /// send's write inlines `writeLocked`, and this would sit among its code.
+    @inline(never)
+    private func writeFailed(_ state: inout State, _ error: PKError, withDescriptors: Bool) -> PKError {
+        if Socket.isPeerGone(error.errno) {
+            markInvalid(&state, "the receive port is gone")
+            return PKError(.invalidPort, "cannot send: the receive port is gone")
+        }
+        // A write with descriptors is a frame's first (pending bytes are written before one):
+        // refused whole, it leaves the stream at a frame boundary. The kernel's refusals for the
+        // moment fail this send only, not the connection: ETOOMANYREFS (this user's
+        // descriptors in flight, in every process, passed RLIMIT_NOFILE: receivers that do not
+        // read), ENOBUFS, ENOMEM.
+        if withDescriptors, Socket.isRefusedForNow(error.errno) {
+            return PKError(Socket.isTooManyInFlight(error.errno) ? .limitExceeded : .system,
+                           "the kernel refused the message's descriptors for now; nothing was sent", call: error.call, errno: error.errno)
+        }
+        markInvalid(&state, "the connection failed: \(error)")
+        return PKError(.transport, "sending failed; the connection was closed", call: error.call, errno: error.errno)
     }
 
     private func markInvalid(_ state: inout State, _ reason: String) {
