@@ -14,11 +14,12 @@ struct ReadScratch {
     var spare: [UInt8] = []
 
     init(maxDescriptors: Int) {
-        // Room for one more descriptor than allowed, so an excess shows as "too many", not lost.
-        let room = maxDescriptors + 1
-        let space = Socket.controlSpace(descriptors: room)
+        // The control area has room for one more descriptor than allowed, so that an excess
+        // arrives (and shows as "too many", closed) rather than being lost to MSG_CTRUNC; at
+        // most `maxDescriptors` are taken (the area for them is that long).
+        let space = Socket.controlSpace(descriptors: maxDescriptors + 1)
         control = UnsafeMutableRawBufferPointer.allocate(byteCount: space, alignment: 8)
-        descriptors = UnsafeMutableBufferPointer<Int32>.allocate(capacity: room)
+        descriptors = UnsafeMutableBufferPointer<Int32>.allocate(capacity: maxDescriptors)
         descriptors.initialize(repeating: -1)
     }
 

@@ -153,10 +153,12 @@ extension PKRunLoop {
 
     // MARK: - Observers
 
-    /// Adds an observer to `mode` (`CFRunLoopAddObserver`). Loop-only.
+    /// Adds an observer to `mode` (`CFRunLoopAddObserver`). Loop-only. An observer belongs to
+    /// one loop, as a timer does (`CFRunLoopObserver`: one run loop at a time).
     public func add(_ observer: PKRunLoopObserver, forMode mode: PKRunLoopMode) {
         assertOwner("add(_:forMode:)")
         guard observer.isValid else { return }
+        precondition(observer.loop == nil || observer.loop === self, "PKRunLoop.add: an observer belongs to one run loop")
         observer.loop = self
         if mode == .common, !commonItems.observers.contains(where: { $0 === observer }) {
             commonItems.observers.append(observer)

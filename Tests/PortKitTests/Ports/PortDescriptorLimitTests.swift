@@ -103,6 +103,40 @@ import Testing
         }
     }
 
+    /// One write with one descriptor more than a message may carry (a frame of 16 ports and 17
+    /// descriptors): a protocol error on that connection, as the cap says (the reader took the
+    /// 17th into its queue of unclaimed descriptors, for a later frame of the connection).
+    @Test func oneDescriptorMoreThanAWriteMayCarryDropsTheConnection() throws {
+        let hungUp = try onLoopThread { loop -> Bool in
+            let port = PKReceivePort()
+            try loop.add(port, forMode: .default)
+            defer { port.invalidate() }
+            let (readEnd, writeEnd) = try Socket.pair()
+            defer { Descriptor.close(writeEnd) }
+            port.adoptFromAnyThread(readEnd)
+            _ = try Socket.send(writeEnd, ConnectionSetup.greeting, from: 0, descriptors: [])
+            let cap = PKPortLimits.default.wire.maxDescriptors
+            var frame: [UInt8] = []
+            WireEncoder.append(WireFrame(msgid: 1, components: Array(repeating: .port, count: cap)), to: &frame)
+            var kept: [Int32] = []
+            var sent: [Int32] = []
+            for _ in 0...cap {
+                let (keep, send) = try Socket.pair()
+                kept.append(keep)
+                sent.append(send)
+            }
+            defer { for fd in kept { Descriptor.close(fd) } }
+            _ = try Socket.send(writeEnd, frame, from: 0, descriptors: sent)
+            for fd in sent { Descriptor.close(fd) }
+            let deadline = PKDeadline.after(patience(.seconds(10)))
+            while !Socket.peerHasHungUp(writeEnd) && !deadline.hasPassed {
+                loop.run(in: .default, for: .milliseconds(10))
+            }
+            return Socket.peerHasHungUp(writeEnd)
+        }
+        #expect(hungUp)
+    }
+
     /// A descriptor that is not a Unix-domain stream socket (an `O_PATH` descriptor, on which
     /// epoll_ctl and recvmsg fail with EBADF; a pipe; a file; a datagram socket), sent as a
     /// new sender (ATTACH_SENDER) or as a message's port: a protocol error on that connection

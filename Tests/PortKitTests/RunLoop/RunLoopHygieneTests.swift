@@ -64,6 +64,31 @@ extension RunLoopTests {
             }
         }
 
+        /// An observer belongs to one loop, as a timer does: adding it to a second traps.
+        @Test func addingAnObserverToASecondLoopTraps() async {
+            var result: ExitTest.Result?
+            await exitTestInTurn {
+                result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+                    let observer = PKRunLoopObserver(activities: .beforeWaiting) { _, _ in }
+                    let added = TestLatch<Bool>()
+                    let release = TestLatch<Bool>()
+                    let first = TestThread {
+                        PKRunLoop.current.add(observer, forMode: "first-loop")
+                        added.set(true)
+                        _ = try? release.wait(timeout: .seconds(30))  // its loop lives meanwhile
+                    }
+                    _ = try? added.wait()
+                    let second = TestThread { PKRunLoop.current.add(observer, forMode: "second-loop") }
+                    try? second.join()
+                    release.set(true)
+                    try? first.join()
+                    exit(0)  // reached only if the add did not trap
+                }
+            }
+            let message = String(decoding: result?.standardErrorContent ?? [], as: UTF8.self)
+            #expect(message.contains("an observer belongs to one run loop"), "\(message)")
+        }
+
         @Test func runningInTheCommonPseudoModeTraps() async {
             await exitTestInTurn {
                 await #expect(processExitsWith: .failure) {

@@ -56,16 +56,25 @@ import Testing
         let output = try Self.pipeEnds()
         // The second pipe's read end at a number of its own, which the first goes to.
         let collide = fcntl(second.read, F_DUPFD_CLOEXEC, 900)
+        // Each descriptor closed once: other tests run meanwhile, and a number closed twice
+        // may be theirs by then.
+        var open = [first.read, first.write, second.read, second.write, output.read, output.write]
+        if collide >= 0 { open.append(collide) }
+        func closeOnce(_ fd: Int32) {
+            guard let index = open.firstIndex(of: fd) else { return }
+            open.remove(at: index)
+            close(fd)
+        }
+        defer { for fd in open { close(fd) } }
         try #require(collide >= 0)
-        defer { for fd in [first.read, first.write, second.read, second.write, output.read, output.write, collide] { close(fd) } }
         let child = try ChildProcess(
             path: "/bin/sh", arguments: ["-c", "cat /proc/self/fd/\(collide); cat /proc/self/fd/\(collide + 1)"], environment: [:],
             inherit: [(first.read, collide), (collide, collide + 1), (output.write, 1)])
         _ = write(first.write, "one ", 4)
         _ = write(second.write, "two", 3)
-        close(first.write)
-        close(second.write)
-        close(output.write)
+        closeOnce(first.write)
+        closeOnce(second.write)
+        closeOnce(output.write)
         let status = child.waitUntilExit(until: .after(.seconds(20)))
         #expect(String(decoding: Self.readAll(output.read), as: UTF8.self) == "one two")
         #expect(status?.code == 0)
