@@ -43,11 +43,15 @@ public struct PKZMQHeartbeat: Sendable, Equatable {
     /// one wraps around at the peer: 65.6 s arrived as 64 ms, and the peer dropped a live
     /// receiver a moment after each PING). A timeout past 65.5 s is the senders' own, and
     /// applies when they can PING.
-    var ttlMilliseconds: Int32 { min((Self.milliseconds(timeout) + 99) / 100 * 100, 65_500) }
+    var ttlMilliseconds: Int32 { Int32(min((Int64(Self.milliseconds(timeout)) + 99) / 100 * 100, 65_500)) }
 
+    /// At least 1 ms, at most `Int32.max` (saturating: a "never" of `.seconds(Int64.max)`
+    /// trapped on the multiplication).
     private static func milliseconds(_ duration: Duration) -> Int32 {
         let (seconds, attoseconds) = duration.components
-        return Int32(clamping: max(1, seconds * 1000 + attoseconds / 1_000_000_000_000_000))
+        let (whole, overflow) = seconds.multipliedReportingOverflow(by: 1000)
+        let total = overflow ? (seconds < 0 ? Int64.min : Int64.max) : whole.addingReportingOverflow(attoseconds / 1_000_000_000_000_000).partialValue
+        return Int32(clamping: max(1, total))
     }
 }
 

@@ -127,6 +127,9 @@ import PortKit
     @Test func aLongHeartbeatTimeoutAsksTheLongestTTL() throws {
         let heartbeat = PKZMQHeartbeat(interval: .seconds(1), timeout: .seconds(7_200))
         #expect(heartbeat.ttlMilliseconds == 65_500)
+        // "Never" saturates, not traps.
+        let never = PKZMQHeartbeat(interval: .seconds(Int64.max), timeout: .seconds(Int64.max))
+        #expect(never.intervalMilliseconds == Int32.max && never.timeoutMilliseconds == Int32.max && never.ttlMilliseconds == 65_500)
         let socket = try ZMQSocket(.pull)
         defer { socket.close() }
         try socket.setOption(ZMQOption.heartbeatTTL, heartbeat.ttlMilliseconds)

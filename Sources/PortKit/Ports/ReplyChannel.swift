@@ -194,7 +194,8 @@ final class ReplyRight: Sendable {
         } catch {
             // Nothing went out on a timeout, a message over the limits, or descriptors the
             // kernel refused for now: the right stays open (to answer again, or NO_REPLY).
-            let nothingSent = error.code == .sendTimedOut || error.code == .limitExceeded || Socket.isRefusedForNow(error.errno)
+            let nothingSent = error.code == .sendTimedOut || error.code == .limitExceeded
+                || (error.code == .system && Socket.isRefusedForNow(error.errno))
             ticket.endAnswer(sent: !nothingSent)
             throw error
         }

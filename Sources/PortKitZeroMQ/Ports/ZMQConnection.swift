@@ -164,16 +164,22 @@ final class ZMQConnection: @unchecked Sendable {
     /// looked the name up at every try, did) if nothing has gone to the old one.
     private func connectWhenKnown(host: String, port: String) {
         HostResolver.whenKnown(host) { [weak self] address in
-            // On the background loop, whatever thread has the answer (a lookup thread, this
-            // one inside `init`, the loop's own timer): there the monitor's reports run too, so
-            // a report of the old socket's handshake cannot pass its generation check before a
-            // swap and mark the new socket established after it.
-            PKRunLoop.background.perform { [weak self] in self?.connect(host: host, port: port, address: address) }
+            guard let self else { return }
+            // The first connect where the answer is (a lookup thread, or this one inside
+            // `init`): a send waiting for it must not wait for the background loop, which code
+            // may keep busy. A follow on the background loop, where the monitor's reports run:
+            // a report of the old socket's handshake cannot pass its generation check before
+            // the swap and mark the new socket established after it. (Only a connect schedules
+            // a follow, so the first connect is never a follow's rival.)
+            if sending.withLock({ $0.connectedTo == nil }) {
+                connect(host: host, port: port, address: address)
+            } else {
+                PKRunLoop.background.perform { [weak self] in self?.connect(host: host, port: port, address: address) }
+            }
         }
     }
 
-    /// `connectWhenKnown`'s work once the name's address (or its absence) is known. On the
-    /// background loop.
+    /// `connectWhenKnown`'s work once the name's address (or its absence) is known.
     private func connect(host: String, port: String, address: String?) {
         guard deadReason == nil else { return }
         guard let address else {
@@ -212,7 +218,9 @@ final class ZMQConnection: @unchecked Sendable {
             return nil
         }
         if let refused {
-            die("cannot connect to \(endpoint) at \(address): \(refused.message)")
+            // Not here: this may run inside `init`, under the connection cache's lock, which
+            // `die` takes.
+            later(.zero) { $0.die("cannot connect to \($0.endpoint) at \(address): \(refused.message)") }
             return
         }
         later(HostResolver.keepFound) { connection in

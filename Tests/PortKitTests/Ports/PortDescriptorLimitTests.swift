@@ -120,14 +120,13 @@ import Testing
             WireEncoder.append(WireFrame(msgid: 1, components: Array(repeating: .port, count: cap)), to: &frame)
             var kept: [Int32] = []
             var sent: [Int32] = []
+            defer { for fd in kept + sent { Descriptor.close(fd) } }
             for _ in 0...cap {
                 let (keep, send) = try Socket.pair()
                 kept.append(keep)
                 sent.append(send)
             }
-            defer { for fd in kept { Descriptor.close(fd) } }
             _ = try Socket.send(writeEnd, frame, from: 0, descriptors: sent)
-            for fd in sent { Descriptor.close(fd) }
             let deadline = PKDeadline.after(patience(.seconds(10)))
             while !Socket.peerHasHungUp(writeEnd) && !deadline.hasPassed {
                 loop.run(in: .default, for: .milliseconds(10))
