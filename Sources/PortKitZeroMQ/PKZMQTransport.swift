@@ -50,7 +50,8 @@ public struct PKZMQHeartbeat: Sendable, Equatable {
     private static func milliseconds(_ duration: Duration) -> Int32 {
         let (seconds, attoseconds) = duration.components
         let (whole, overflow) = seconds.multipliedReportingOverflow(by: 1000)
-        let total = overflow ? (seconds < 0 ? Int64.min : Int64.max) : whole.addingReportingOverflow(attoseconds / 1_000_000_000_000_000).partialValue
+        let (total, overflowAgain) = whole.addingReportingOverflow(attoseconds / 1_000_000_000_000_000)
+        if overflow || overflowAgain { return seconds < 0 ? 1 : .max }
         return Int32(clamping: max(1, total))
     }
 }

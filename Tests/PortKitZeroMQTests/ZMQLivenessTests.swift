@@ -130,6 +130,9 @@ import PortKit
         // "Never" saturates, not traps.
         let never = PKZMQHeartbeat(interval: .seconds(Int64.max), timeout: .seconds(Int64.max))
         #expect(never.intervalMilliseconds == Int32.max && never.timeoutMilliseconds == Int32.max && never.ttlMilliseconds == 65_500)
+        // The last whole second before the milliseconds overflow, and a fraction more.
+        let edge = PKZMQHeartbeat(interval: .seconds(Int64.max / 1000) + .milliseconds(999), timeout: .seconds(3))
+        #expect(edge.intervalMilliseconds == Int32.max)
         let socket = try ZMQSocket(.pull)
         defer { socket.close() }
         try socket.setOption(ZMQOption.heartbeatTTL, heartbeat.ttlMilliseconds)

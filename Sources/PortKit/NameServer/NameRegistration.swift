@@ -2,8 +2,10 @@
 // socket whose connections become senders of the port.
 //
 // Registering: take the lock (flock, never waiting); with it held, remove a stale socket only
-// if lstat shows a socket of ours; bind a staging socket, listen, and rename it into place, so
-// a name appears only when it already accepts connections. Unregistering undoes it in reverse.
+// if lstat shows a socket of ours that refuses a connection (one that accepts has a live owner
+// whose lock file was removed from outside); bind a staging socket, listen, and rename it into
+// place, so a name appears only when it already accepts connections. Unregistering undoes it
+// in reverse, removing the socket and the lock file only if they are still its own.
 
 final class NameRegistration {
     let name: String

@@ -78,8 +78,9 @@ final class ZMQConnection: @unchecked Sendable {
         var roomWaiters = 0
         /// The address a connection to a host name connected to (see `connectWhenKnown`).
         var connectedTo: String?
-        /// Whether a frame has gone into libzmq's queue since (a connection to a name follows it
-        /// to a new address only if none has: it would be lost with the old address's pipe).
+        /// Whether a frame has gone into libzmq's queue since the socket connected to
+        /// `connectedTo` (a connection to a name follows it to a new address only if none has:
+        /// it would be lost with the old socket).
         var sentSinceConnect = false
 
         /// How soon the flusher tries again after finding the receiver's queue full: 1 ms, twice

@@ -7,6 +7,25 @@ import Testing
 @testable import PortKit
 
 @Suite struct PortDescriptorLimitTests {
+    /// A hostile sender: a connection `port` adopts, greeted; the test writes what it likes on
+    /// the returned end (and closes it).
+    static func greetedSender(to port: PKReceivePort) throws -> Int32 {
+        let (readEnd, writeEnd) = try Socket.pair()
+        port.adoptFromAnyThread(readEnd)
+        _ = try Socket.send(writeEnd, ConnectionSetup.greeting, from: 0, descriptors: [])
+        return writeEnd
+    }
+
+    /// Runs `loop` until the port closes its end of `sender`'s connection, 10 s at most;
+    /// whether it did.
+    static func portClosed(_ sender: Int32, running loop: PKRunLoop) -> Bool {
+        let deadline = PKDeadline.after(patience(.seconds(10)))
+        while !Socket.peerHasHungUp(sender) && !deadline.hasPassed {
+            loop.run(in: .default, for: .milliseconds(10))
+        }
+        return Socket.peerHasHungUp(sender)
+    }
+
     @Test func descriptorsOverTheCapDropOnlyThatConnection() throws {
         let outcome = try onLoopThread { loop -> (got: [UInt32], hungUp: Bool, stillOpen: Int) in
             var got: [UInt32] = []
@@ -18,9 +37,7 @@ import Testing
 
             // A hostile sender: a valid greeting, then a frame that claims no descriptor but
             // arrives with 20 of them (the cap is 16).
-            let (readEnd, writeEnd) = try Socket.pair()
-            port.adoptFromAnyThread(readEnd)
-            _ = try Socket.send(writeEnd, ConnectionSetup.greeting, from: 0, descriptors: [])
+            let writeEnd = try Self.greetedSender(to: port)
             var frame: [UInt8] = []
             WireEncoder.append(WireFrame(msgid: 1), to: &frame)
             // One end each of 20 socketpairs: once every copy of an end is closed, the other end
@@ -36,11 +53,8 @@ import Testing
             _ = try Socket.send(writeEnd, frame, from: 0, descriptors: extra)
             for fd in extra { Descriptor.close(fd) }
 
+            let hungUp = Self.portClosed(writeEnd, running: loop)
             let deadline = PKDeadline.after(patience(.seconds(10)))
-            while !Socket.peerHasHungUp(writeEnd) && !deadline.hasPassed {
-                loop.run(in: .default, for: .milliseconds(10))
-            }
-            let hungUp = Socket.peerHasHungUp(writeEnd)
             Descriptor.close(writeEnd)
 
             try good.send(PKPortMessage(msgid: 7), timeout: .seconds(5))
@@ -111,10 +125,8 @@ import Testing
             let port = PKReceivePort()
             try loop.add(port, forMode: .default)
             defer { port.invalidate() }
-            let (readEnd, writeEnd) = try Socket.pair()
+            let writeEnd = try Self.greetedSender(to: port)
             defer { Descriptor.close(writeEnd) }
-            port.adoptFromAnyThread(readEnd)
-            _ = try Socket.send(writeEnd, ConnectionSetup.greeting, from: 0, descriptors: [])
             let cap = PKPortLimits.default.wire.maxDescriptors
             var frame: [UInt8] = []
             WireEncoder.append(WireFrame(msgid: 1, components: Array(repeating: .port, count: cap)), to: &frame)
@@ -127,11 +139,7 @@ import Testing
                 sent.append(send)
             }
             _ = try Socket.send(writeEnd, frame, from: 0, descriptors: sent)
-            let deadline = PKDeadline.after(patience(.seconds(10)))
-            while !Socket.peerHasHungUp(writeEnd) && !deadline.hasPassed {
-                loop.run(in: .default, for: .milliseconds(10))
-            }
-            return Socket.peerHasHungUp(writeEnd)
+            return Self.portClosed(writeEnd, running: loop)
         }
         #expect(hungUp)
     }
@@ -163,19 +171,14 @@ import Testing
             }
             try #require(foreign >= 0)
             defer { if other >= 0 { Descriptor.close(other) } }
-            let (readEnd, writeEnd) = try Socket.pair()
-            port.adoptFromAnyThread(readEnd)
-            _ = try Socket.send(writeEnd, ConnectionSetup.greeting, from: 0, descriptors: [])
+            let writeEnd = try Self.greetedSender(to: port)
             var frame: [UInt8] = []
             WireEncoder.append(asNewSender ? WireFrame.attachSender() : WireFrame(msgid: 1, components: [.port]), to: &frame)
             _ = try Socket.send(writeEnd, frame, from: 0, descriptors: [foreign])
             Descriptor.close(foreign)
 
+            let hungUp = Self.portClosed(writeEnd, running: loop)
             let deadline = PKDeadline.after(patience(.seconds(10)))
-            while !Socket.peerHasHungUp(writeEnd) && !deadline.hasPassed {
-                loop.run(in: .default, for: .milliseconds(10))
-            }
-            let hungUp = Socket.peerHasHungUp(writeEnd)
             Descriptor.close(writeEnd)
             try good.send(PKPortMessage(msgid: 7), timeout: .seconds(5))
             while !got.contains(7) && !deadline.hasPassed {
