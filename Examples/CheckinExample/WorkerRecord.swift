@@ -6,8 +6,9 @@ import PortKit
 
 /// What carries a worker's messages, as the summary says it.
 enum Transport {
-    /// Between threads: each send right is one end of a socketpair.
-    static let socketpair = "socketpair"
+    /// Between threads: in-process rights, whose messages go into the receiving port's
+    /// in-memory mailbox (no socket).
+    static let socketpair = "in-process mailbox"
     /// A port looked up by name: a connection to the owner's named Unix socket.
     static let namedSocket = "named unix socket"
     /// `PKWorkerProcess`: ports handed over on inherited descriptors and inside the check-in.

@@ -27,13 +27,19 @@ public struct PKError: Error, CustomStringConvertible, Sendable {
         public static let sendTimedOut = Code(.sendTimedOut)
         /// No reply arrived before the receive deadline.
         public static let receiveTimedOut = Code(.receiveTimedOut)
-        /// The port was already invalid when the operation started.
+        /// The port or the send right was invalid when the operation started, or became invalid
+        /// during a send (while it waited for room, or as it wrote: the receive port is gone).
+        /// Also: a port that must be scheduled on a run loop first was not (`register`).
         public static let invalidPort = Code(.invalidPort)
-        /// The port became invalid while the operation waited (for example the peer died).
+        /// A request's remote port became invalid while the request waited for its reply (for
+        /// example the peer died), or its owner released the reply port without answering.
         public static let portInvalidated = Code(.portInvalidated)
         /// The connection failed while sending or receiving.
         public static let transport = Code(.transport)
-        /// A peer broke the wire protocol; its connection was closed.
+        /// A peer broke the wire protocol. A ZeroMQ receive port drops the message and passes
+        /// this to its `onProtocolViolation`; a ZeroMQ name service client throws it for a reply
+        /// it cannot read. (A Unix-socket port closes the offending connection and logs it: no
+        /// error reaches its code.)
         public static let protocolViolation = Code(.protocolViolation)
         /// A message, a queue or a count is over one of PortKit's limits.
         public static let limitExceeded = Code(.limitExceeded)

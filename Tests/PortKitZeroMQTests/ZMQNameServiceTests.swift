@@ -148,6 +148,26 @@ final class ZMQNameServerThread: @unchecked Sendable {
         }
     }
 
+    /// An ill-formed name is answered "bad name" (status 3, protocol.md 10.10) whatever the
+    /// request: a LOOKUP and an UNREGISTER of one were answered "not found", as if the name
+    /// were merely unregistered.
+    @Test func anIllFormedNameIsABadNameForEveryRequest() throws {
+        let server = try ZMQNameServerThread()
+        defer { server.stop() }
+        let service = try PKZMQNameService(endpoint: server.endpoint)
+        try onLoopThread { _ in
+            let serverRight = try PKZMQSendPort(connectingTo: server.endpoint)
+            // What a client that skips PortKit's own check would send.
+            let lookUp = PKZMQMessage(msgid: ZMQNameProtocol.lookUp, components: [.data(Array("no/slashes".utf8))])
+            let reply = try serverRight.sendRequest(lookUp, sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+            #expect(reply?.components.first?.data == [ZMQNameProtocol.Status.badName.rawValue])
+            expectPKError(.badName) {
+                try service.unregister(name: "no/slashes", port: PKZMQSendPort(connectingTo: "tcp://127.0.0.1:1"))
+            }
+            expectPKError(.nameNotFound) { _ = try service.lookUp("well.formed") }
+        }
+    }
+
     /// A registration that fails (nobody binds its port's endpoint) keeps nothing: the
     /// server's connection toward that endpoint goes once nothing else holds it. (The
     /// registration held it in two reference cycles, its watch's and its confirmation's, for

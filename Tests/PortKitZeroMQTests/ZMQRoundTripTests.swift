@@ -79,6 +79,31 @@ import PortKitZeroMQ
         }
     }
 
+    /// The port ids of requests' replies cannot be guessed from one another (protocol.md 10.1:
+    /// any message to one counts as its reply): not 0, not repeated, and not a count, whose next
+    /// value a peer that received one request would know.
+    @Test func replyPortIDsCannotBeGuessed() throws {
+        let ids = Locked<[UInt64]>([])
+        let server = try ZMQEchoServer(endpoint: "tcp://127.0.0.1:*") { message in
+            ids.withLock { $0.append(message.replyPort?.portID ?? 0) }
+            try? message.replyPort?.send(PKZMQMessage(msgid: message.msgid), timeout: .seconds(5))
+        }
+        defer { server.stop() }
+        try onLoopThread { loop in
+            let right = try PKZMQSendPort(connectingTo: server.endpoint)
+            for round in UInt32(1)...8 {
+                let reply = try right.sendRequest(PKZMQMessage(msgid: round), sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+                #expect(reply?.msgid == round)
+            }
+        }
+        let seen = ids.value
+        #expect(seen.count == 8 && !seen.contains(0) && Set(seen).count == 8)
+        // Eight random 64-bit ids: that any two are within 1,000 of each other is a chance of
+        // about 2^-44.
+        let sorted = seen.sorted()
+        #expect(zip(sorted, sorted.dropFirst()).allSatisfy { $1 - $0 > 1_000 }, "reply port ids \(seen)")
+    }
+
     /// `PKZMQTransport.replyHost` set to a wildcard (bind on every address): the reply port
     /// travels as the local address toward the destination, which the receiver accepts (a
     /// port component never carries a wildcard, protocol.md 10.3). In a child process, since
@@ -103,6 +128,36 @@ import PortKitZeroMQ
         let right = try PKZMQSendPort(connectingTo: server.endpoint)
         let reply = try await right.request(PKZMQMessage(msgid: 5, data: [1, 2, 3]), sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
         #expect(reply.msgid == 5 && reply.data == [1, 2, 3])
+    }
+
+    /// Cancelling the task of an async request ends its wait at once with `.cancelled` (it
+    /// waited for the reply or the whole receive timeout).
+    @Test func cancellingAnAsyncRequestEndsItsWait() async throws {
+        let arrived = Locked(false)
+        let server = try ZMQEchoServer(endpoint: "tcp://127.0.0.1:*") { _ in arrived.value = true }  // never answers
+        defer { server.stop() }
+        let right = try PKZMQSendPort(connectingTo: server.endpoint)
+        let outcome = Locked<String?>(nil)
+        let task = Task {
+            do throws(PKError) {
+                _ = try await right.request(PKZMQMessage(msgid: 1), sendTimeout: .seconds(5), receiveTimeout: .seconds(600))
+                outcome.value = "a reply"
+            } catch {
+                outcome.value = "\(error.code)"
+            }
+        }
+        // Waits that suspend, not block: the request's task needs a thread of the pool.
+        func awaitCondition(_ what: String, _ condition: () -> Bool) async throws {
+            let deadline = PKDeadline.after(.seconds(20))
+            while !condition() {
+                if deadline.hasPassed { throw TestTimeout(what: what) }
+                try await Task.sleep(for: .milliseconds(5))
+            }
+        }
+        try await awaitCondition("the request to arrive") { arrived.value }
+        task.cancel()
+        try await awaitCondition("the cancelled request to end") { outcome.value != nil }
+        #expect(outcome.value == "\(PKError.Code.cancelled)")
     }
 
     @Test func requestToASilentPortTimesOut() throws {

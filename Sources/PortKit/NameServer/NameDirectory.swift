@@ -1,7 +1,7 @@
 // The name server's directory: where it is, the rules that make it safe to use, and how a
 // name maps to its socket and lock file. Pure path logic plus the safety check.
 
-/// The per-user directory that holds registered names (design section 5).
+/// The per-user directory that holds registered names (protocol.md section 1.1).
 struct NameDirectory: Sendable {
     let path: String
 

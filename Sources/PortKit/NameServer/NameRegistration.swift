@@ -175,18 +175,15 @@ final class NameRegistration {
         guard status.kind == .socket, status.owner == Socket.effectiveUserID else {
             throw PKError(.unsafeDirectory, "\(path) is in the way of the name \"\(name)\" and is not a socket of this user's; PortKit will not remove it")
         }
-        switch Socket.connect(to: path) {
-        case .success(let probe):
-            Descriptor.close(probe)  // the owner's listener sees a connection end before its greeting
+        switch SocketFileProbe.probe(path) {
+        case .live:
             throw PKError(.nameInUse, "the port name \"\(name)\" is registered by a live owner (its lock file is missing)")
-        case .failure(.busy):
-            throw PKError(.nameInUse, "the port name \"\(name)\" is registered by a live owner (its lock file is missing)")
-        case .failure(.refused):
+        case .stale:
             try Files.unlink(path)
-        case .failure(.noSuchName):
-            return  // gone meanwhile
-        case .failure(.system(let error)):
-            // Not known to be stale (out of descriptors for the probe, say): left as it is.
+        case .gone:
+            return
+        case .unknown(let error):
+            // Not known to be stale: left as it is.
             throw error
         }
     }

@@ -36,8 +36,10 @@ public struct PKNameServer: Sendable {
     /// it on the thread of the loop the port is scheduled on. The name lasts until
     /// `unregister`, the port's invalidation, or the process's end.
     ///
-    /// - Throws: `PKError` with `.badName`, `.nameInUse`, `.unsafeDirectory`, `.invalidPort`
-    ///   (the port is invalid or not scheduled), or `.system`.
+    /// - Throws: `PKError` with `.badName` (the name breaks the rule, or its socket path would
+    ///   not fit in a Unix socket address), `.nameInUse`, `.unsafeDirectory` (the directory, or a
+    ///   file in the way of the name that PortKit will not remove), `.invalidPort` (the port is
+    ///   invalid or not scheduled), or `.system`.
     public func register(_ port: PKReceivePort, name: String) throws(PKError) {
         guard port.isValid else { throw PKError(.invalidPort, "cannot register an invalidated port") }
         guard let loop = port.runLoop else {
@@ -62,7 +64,8 @@ public struct PKNameServer: Sendable {
     /// Loop-only: call it on the thread of the registered port's loop (it traps elsewhere, as
     /// `register` does). The port stays valid.
     ///
-    /// - Throws: `PKError` with `.nameNotFound` if this process has not registered `name`.
+    /// - Throws: `PKError` with `.badName` if `name` breaks the name rule, or `.nameNotFound` if
+    ///   this process has not registered `name`.
     public func unregister(name: String) throws(PKError) {
         try NameDirectory.validate(name)
         let key = RegistryKey(directory: directory, name: name)
@@ -81,7 +84,8 @@ public struct PKNameServer: Sendable {
     ///
     /// - Throws: `PKError` with `.nameNotFound` (no live owner, or, rarely, an owner whose
     ///   backlog of connections is full: `lookUp(_:timeout:)` waits that out), `.badName`,
-    ///   `.permissionDenied` (the owner is another user), `.unsafeDirectory`, or `.system`.
+    ///   `.permissionDenied` (the owner is another user), `.unsafeDirectory`, `.transport` (the
+    ///   greeting could not be written whole on the new connection), or `.system`.
     public func lookUp(_ name: String) throws(PKError) -> PKSendPort {
         let paths = try names.paths(for: name)
         try names.ensureSafe()
@@ -142,6 +146,8 @@ public struct PKNameServer: Sendable {
     }
 
     /// A send right to the port registered under `name`, waiting at most `timeout`.
+    ///
+    /// - Throws: as `lookUp(_:waitingUntil:)`.
     public func lookUp(_ name: String, timeout: Duration) throws(PKError) -> PKSendPort {
         try lookUp(name, waitingUntil: .after(timeout))
     }

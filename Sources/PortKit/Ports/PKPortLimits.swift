@@ -7,8 +7,9 @@
 ///
 /// A limit above what the wire can carry means that maximum (so `.max` reads as "as much as
 /// the wire allows"): 65,535 components, 253 ports through a socket (Linux's `SCM_MAX_FD`),
-/// and data that keeps a frame within a `u32` length (protocol.md, "Limits"). A count below 1
-/// or a negative byte limit is a programmer error: the port's initializer traps.
+/// and data that keeps a frame within a `u32` length (protocol.md, "Limits"). A count below 1,
+/// a negative byte limit or a negative greeting timeout is a programmer error: the port's
+/// initializer traps.
 public struct PKPortLimits: Sendable, Equatable {
     /// The most data bytes in one message (all data components together). Default 16 MiB.
     public var maxMessageBytes: Int = 16 << 20
@@ -34,6 +35,15 @@ public struct PKPortLimits: Sendable, Equatable {
 
     /// The default limits.
     public static let `default` = PKPortLimits()
+
+    /// Traps on a queue or greeting limit below its least (a count below 1, a negative byte
+    /// limit or timeout): the ports' initializers call it, with the wire's own checks.
+    package func checkQueueAndGreetingLimits() {
+        precondition(maxQueuedMessages >= 1, "PKPortLimits.maxQueuedMessages must be at least 1, not \(maxQueuedMessages)")
+        precondition(maxQueuedBytes >= 0, "PKPortLimits.maxQueuedBytes must not be negative")
+        precondition(maxPendingGreetings >= 1, "PKPortLimits.maxPendingGreetings must be at least 1, not \(maxPendingGreetings)")
+        precondition(greetingTimeout >= .zero, "PKPortLimits.greetingTimeout must not be negative")
+    }
 
     /// The limits as the wire applies them: each capped at what the wire can carry.
     var wire: WireLimits {

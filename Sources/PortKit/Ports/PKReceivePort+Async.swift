@@ -82,6 +82,10 @@ extension PKReceivePort {
     /// Runs `configure` on the port's loop, scheduling the port on the background loop first if
     /// it is on none.
     private func host(_ configure: @escaping @Sendable (PKReceivePort) -> Void) throws(PKError) {
+        // An invalidated port may be on a loop still (its invalidation finished there, or its
+        // loop's thread ended): its invalidation callback has run, and a sequence made on it
+        // would never finish.
+        guard isValid else { throw PKError(.invalidPort, "the receive port was invalidated") }
         if let loop = runLoop {
             precondition(loop.isOwnedByCurrentThread, "PKReceivePort: a scheduled port is reconfigured on its own loop's thread")
             configure(self)
@@ -300,7 +304,8 @@ extension PKSendPort {
     ///
     /// - Throws: `PKError` with `.sendTimedOut`, `.receiveTimedOut`, `.invalidPort`,
     ///   `.portInvalidated`, `.transport` or `.limitExceeded`, as `sendRequest`; `.cancelled`
-    ///   if the task was cancelled before the reply came.
+    ///   if the task was cancelled before the reply came; `.system` or `.limitExceeded` if the
+    ///   request's reply port or its watch on this right could not be set up (nothing was sent).
     public func request(
         _ message: PKPortMessage, sendTimeout: Duration, receiveTimeout: Duration
     ) async throws(PKError) -> PKPortMessage {
@@ -310,7 +315,7 @@ extension PKSendPort {
         let target = self
         // Set up on the background loop without blocking this task's thread (one of Swift
         // concurrency's few) while that loop gets to it.
-        let handOver = HandOver<PKSendPort>()
+        let handOver = HandOver<Result<PKSendPort, PKError>>()
         await withCheckedContinuation { (setUp: CheckedContinuation<Void, Never>) in loop.perform {
             let replyPort = PKReceivePort()
             pending.port = replyPort
@@ -318,16 +323,24 @@ extension PKSendPort {
             replyPort.onNoSenders = {
                 pending.finish(.failure(PKError(.portInvalidated, "the remote port's owner released the reply port without answering")))
             }
-            try? loop.add(replyPort, forMode: .default)
-            pending.watch = try? target.watchInvalidation(on: loop, forMode: .default) {
-                pending.finish(.failure(PKError(.portInvalidated, "the remote port became invalid while waiting for the reply")))
+            // A set-up that fails (out of descriptors for the watch, say) fails the request
+            // before it is sent: without its watch, a remote port's death would be learnt only
+            // at the receive timeout.
+            do throws(PKError) {
+                try loop.add(replyPort, forMode: .default)
+                pending.watch = try target.watchInvalidation(on: loop, forMode: .default) {
+                    pending.finish(.failure(PKError(.portInvalidated, "the remote port became invalid while waiting for the reply")))
+                }
+                handOver.slot.withLock { $0 = .success(replyPort.makeSendRight()) }
+            } catch {
+                pending.finish(.failure(error))
+                handOver.slot.withLock { $0 = .failure(error) }
             }
-            handOver.slot.withLock { $0 = replyPort.makeSendRight() }
             setUp.resume()
         } }
         // Taken under the lock the set-up released: the port made on the loop's thread is then
         // visible here to ThreadSanitizer too, which does not see a continuation's hand-over.
-        let replyRight = handOver.slot.withLock { $0 }!
+        let replyRight = try handOver.slot.withLock { $0 }!.get()
         var request = message
         request.replyPort = replyRight
         if Task.isCancelled {

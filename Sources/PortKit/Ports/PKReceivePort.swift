@@ -147,6 +147,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     public init(limits: PKPortLimits = .default, handler: @escaping (PKPortMessage) -> Void = { _ in }) {
         self.limits = limits
         // Checked here, so a bad limit traps at its cause.
+        limits.checkQueueAndGreetingLimits()
         self.wireLimits = limits.wire
         self.handler = handler
         self.readBuffer = ReadScratch(maxDescriptors: wireLimits.maxDescriptors)
@@ -421,12 +422,12 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
 
     /// Takes a connection accepted from a named socket. Loop-only. The peer must be the same
     /// user and greet within `limits.greetingTimeout`; the port keeps at most
-    /// `limits.maxPendingGreetings` connections waiting for their greeting, dropping the one
-    /// that has waited longest to make room.
+    /// `limits.maxPendingGreetings` accepted connections waiting for their greeting, dropping
+    /// the one that has waited longest to make room.
     func adoptAccepted(_ fd: Int32) {
         guard let loop = runLoop, isValid else { Descriptor.close(fd); return }
-        let waiting = awaitingGreeting.count
-        if waiting >= limits.maxPendingGreetings, let oldest = awaitingGreeting.first {
+        let waiting = awaitingGreeting.count { $0.accepted }
+        if waiting >= limits.maxPendingGreetings, let oldest = awaitingGreeting.first(where: { $0.accepted }) {
             // Evict the connection that has waited longest without greeting: a real client
             // greets at once (its greeting is already in the socket), a silent one never does.
             Self.logger.notice("dropping a connection that has not greeted: \(waiting) are waiting, the limit is \(limits.maxPendingGreetings)")
@@ -707,7 +708,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             unlistAwaitingGreeting(connection)
             armGreetingTimer(loop)
         }
-        if !connection.failed { adoptAttachedSenders(connection) }
+        // Senders handed over before an error are adopted, as messages before it are delivered.
+        adoptAttachedSenders(connection)
         if connection.hasQueuedMessages && !connection.isListedReady {
             connection.isListedReady = true
             ready.append(connection)
@@ -725,11 +727,24 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         }
     }
 
+    /// Adopts the new senders a connection handed over (ATTACH_SENDER). Each must greet within
+    /// `limits.greetingTimeout`, as an accepted connection must: a peer could otherwise leave
+    /// sockets that never greet in the port, each holding a descriptor, for as long as it
+    /// lives. A real sender's greeting is in the socket before the socket is sent, so the next
+    /// pass reads it. They do not count towards `maxPendingGreetings`, which bounds what
+    /// strangers may connect (each of these costs its peer a descriptor too), and which a
+    /// burst of ports in messages would overflow, dropping real senders.
     private func adoptAttachedSenders(_ connection: ReceiveConnection) {
         guard !connection.attached.isEmpty, let loop = runLoop else { return }
         let fds = connection.attached
         connection.attached = []
-        for fd in fds { adopt(fd, on: loop) }
+        for fd in fds {
+            guard let adopted = adopt(fd, on: loop) else { continue }
+            adopted.greetingDeadline = .after(limits.greetingTimeout)
+            adopted.isListedAwaitingGreeting = true
+            awaitingGreeting.append(adopted)
+        }
+        armGreetingTimer(loop)
     }
 
     private func deliverQueuedMessages() {

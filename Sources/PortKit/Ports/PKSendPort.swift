@@ -1,23 +1,42 @@
-// A send right: a Sendable handle on a connection to a receive port, usable from any thread.
+// A send right: a Sendable handle on a receive port (a connection to it, or the port itself
+// within its process), usable from any thread.
 
 import Logging
 import Synchronization
 
 /// A send right to a port (`NSPort` as a remote port, a remote `CFMessagePort`).
 ///
-/// A cheap, `Sendable` value: copy it, store it, use it from any thread. Under it is one
-/// connected socket to the port's owner (one end of a `socketpair` within a process, a
-/// connection to a named socket across processes). Messages sent through one send right arrive
-/// in order and never interleave with another sender's, even when threads share it.
+/// A cheap, `Sendable` value: copy it, store it, use it from any thread. Under it is one of:
+///
+/// - a connected socket of its own to the port's owner: a connection to a named socket (a
+///   right looked up by name), or one end of a `socketpair` (a right received through a socket,
+///   a right to another process's port received in an in-process message, a worker process's
+///   inherited rights; protocol.md section 6);
+/// - the port itself, for a right made by `PKReceivePort.makeSendRight()`: no socket; a message
+///   is handed over in memory, into the port's mailbox;
+/// - a right of its own to a port of this process, received in an in-process message: no
+///   socket either; the mailbox too;
+/// - the right to answer one request, on the reply channel of the connection the request came
+///   in on (protocol.md section 6.1).
+///
+/// Messages sent through one send right arrive in order and never interleave with another
+/// sender's, even when threads share it.
 ///
 /// A send right becomes invalid when its receive port is invalidated, the port's owner (thread
-/// or process) goes away, the connection breaks, or `invalidate()` is called. Sending to an
-/// invalid port throws `PKError` with `.invalidPort`; it never raises SIGPIPE.
+/// or process) goes away, the connection breaks, or `invalidate()` is called on it. A right made
+/// by `makeSendRight()` is the exception: it lives as long as the port, and `invalidate()` on it
+/// does nothing. A right to answer a request is also void once it has answered, once the
+/// requester gave the request up, or once the next request arrives on that connection
+/// (protocol.md section 6.1). Sending to an invalid port throws `PKError` with `.invalidPort`;
+/// it never raises SIGPIPE.
 ///
-/// Two send rights are equal when they share one connection (copies of one value).
+/// Two send rights are equal when they are copies of one value, or when both were made by
+/// `makeSendRight()` on one port (they are that port). Two rights to one port got otherwise
+/// (two look-ups, two received messages) are not equal.
 public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
-    /// A connection of its own, or (for a right made in the port's own process) the port, whose
-    /// shared local connection is made on first use.
+    /// What is under the right (see the type's documentation): a connection of its own, the
+    /// port itself (a right made by `makeSendRight()`, sending into its mailbox), an in-process
+    /// right of its own, or the right to answer one request.
     enum Storage: Sendable {
         case connection(SendConnection)
         case local(PKReceivePort)
@@ -52,7 +71,8 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
     /// in the socket, nothing is sent; once part of it is, the rest waits in the connection's
     /// pending bytes and goes out as the receiver reads (docs/decisions.md, "Send deadline").
     /// Through a right made in this process by `makeSendRight()`, the message is handed over in
-    /// memory (its ports still become connections of the receiver's own); a sender on the port's own loop
+    /// memory (its ports still become rights of the receiver's own: an in-process right for a
+    /// port of this process, a new connection for any other); a sender on the port's own loop
     /// thread never waits for itself: when the queue is full there, the send fails at once.
     ///
     /// - Parameters:

@@ -73,7 +73,7 @@ final class ReceiveConnection {
     @exclusivity(unchecked) private var pendingReply: ReplyTicket?
     /// Accepted from a named socket: the greeting's claim is checked against SO_PEERCRED.
     let accepted: Bool
-    /// When an accepted connection must have greeted by.
+    /// When the connection must have greeted by (accepted, or handed over in ATTACH_SENDER).
     @exclusivity(unchecked) var greetingDeadline: PKDeadline?
     /// On its port's list of connections awaiting their greeting. Loop-only, the port's.
     @exclusivity(unchecked) var isListedAwaitingGreeting = false

@@ -127,7 +127,7 @@ public final class PKRunLoop: @unchecked Sendable {
     @exclusivity(unchecked) var nextGeneration: UInt64 = 1
     @exclusivity(unchecked) var parkedSources: Set<UInt64> = []
     /// Signalled sources taken from `doorbell.signalledQueue` that are not in the running
-    /// mode: they wait for a run in one of their modes.
+    /// mode but in another: they wait for a run in one of their modes.
     @exclusivity(unchecked) private var deferredSignalled: [PKCustomSource] = []
     /// The other half of `doorbell.signalledQueue`'s buffer, swapped in under the lock.
     @exclusivity(unchecked) private var spareSignalled: [PKCustomSource] = []
@@ -925,8 +925,11 @@ public final class PKRunLoop: @unchecked Sendable {
         var handled = false
         for source in candidates where source.isSignalled && source.isValid {
             // Checked now, not when taken: an earlier callback may have removed it from the mode.
+            // One in no mode any more is let go (it stays signalled: adding it to a mode again
+            // queues it again), not deferred, where it would be kept, and looked at every run,
+            // for as long as the loop lives.
             guard source.modes.contains(record.mode) else {
-                deferredSignalled.append(source)
+                if !source.modes.isEmpty { deferredSignalled.append(source) }
                 continue
             }
             if source.performIfSignalled() { handled = true }

@@ -132,7 +132,11 @@ public final class PKZMQNameServer: @unchecked Sendable {
             answer(message, .badRequest)
             return
         }
+        // An ill-formed name is answered as one (status 3) whatever the request, not as a name
+        // nobody registered.
         switch request {
+        case .lookUp(let name) where !Self.isWellFormed(name), .unregister(let name, _) where !Self.isWellFormed(name):
+            answer(message, .badName)
         case .lookUp(let name):
             if let registration = names[name], registration.confirmed, registration.port.isValid {
                 answer(message, .ok, port: registration.port)
@@ -152,11 +156,12 @@ public final class PKZMQNameServer: @unchecked Sendable {
         }
     }
 
+    private static func isWellFormed(_ name: String) -> Bool {
+        (try? PKZMQEndpoint.validate(name: name)) != nil
+    }
+
     private func register(_ name: String, _ port: PKZMQSendPort, _ message: PKZMQMessage) {
-        do throws(PKError) { try PKZMQEndpoint.validate(name: name) } catch {
-            answer(message, .badName)
-            return
-        }
+        guard Self.isWellFormed(name) else { return answer(message, .badName) }
         if let existing = names[name] {
             // A live owner keeps its name; a dead one's registration is on its way out.
             guard !existing.port.isValid else { return answer(message, .nameInUse) }

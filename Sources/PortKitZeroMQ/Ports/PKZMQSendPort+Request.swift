@@ -56,20 +56,31 @@ extension PKZMQSendPort {
         return try Self.reply(from: waiter.outcome, receiveTimeout: receiveTimeout)
     }
 
-    /// Sends `message` and waits for the reply without blocking a thread: the async form of
-    /// `sendRequest(_:sendTimeout:receiveTimeout:)`, with the same errors. The request is sent
-    /// (waiting up to `sendTimeout` for room) before the first suspension.
+    /// Sends `message` and awaits the reply: the async form of
+    /// `sendRequest(_:sendTimeout:receiveTimeout:)`. The request is sent (waiting up to
+    /// `sendTimeout` for room: a blocking send) before the first suspension; the wait for the
+    /// reply blocks no thread.
+    ///
+    /// Cancelling the task ends the wait at once with `.cancelled` (a reply that comes later
+    /// is dropped); a task cancelled before the call sends nothing.
+    ///
+    /// - Throws: as `sendRequest`, except `.interrupted` (no loop of the caller's runs);
+    ///   `.cancelled` if the task was cancelled before the reply came.
     public func request(
         _ message: PKZMQMessage, sendTimeout: Duration, receiveTimeout: Duration
     ) async throws(PKError) -> PKZMQMessage {
+        if Task.isCancelled { throw PKError(.cancelled, "the task was cancelled; the request was not sent") }
         let signal = AsyncSignal()
         let waiter = ZMQReplyWaiter { signal.fire() }
         let pending = try PendingRequest(self, message, waiter: waiter, sendTimeout: sendTimeout)
         defer { pending.end() }
         let timer = PKTimer(fireDate: .after(receiveTimeout)) { _ in signal.fire() }
         PKRunLoop.background.perform(inModes: [.common]) { PKRunLoop.current.add(timer, forMode: .common) }
-        await signal.wait()
+        await withTaskCancellationHandler { await signal.wait() } onCancel: { signal.fire() }
         timer.invalidate()
+        if waiter.outcome == nil, Task.isCancelled {
+            throw PKError(.cancelled, "the task was cancelled while waiting for the reply")
+        }
         return try Self.reply(from: waiter.outcome, receiveTimeout: receiveTimeout)!
     }
 

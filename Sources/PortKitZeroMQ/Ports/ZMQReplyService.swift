@@ -2,14 +2,13 @@
 // The process's reply port for requests: one PULL socket on the background loop, bound lazily
 // to one endpoint per kind of destination (an abstract `ipc://@...` for ipc destinations, a
 // `tcp://ADDRESS:*` for each local address that tcp destinations are reached from). Each
-// request gets a fresh port id there; the reply names it in its header, and the service hands
+// request gets a fresh random port id there; the reply names it in its header, and the service hands
 // it to the request's waiter. A reply for an id nobody waits for any more (it came after its
 // request's deadline) is dropped.
 
 import Glibc
 import Logging
 import PortKit
-import Synchronization
 
 final class ZMQReplyService: Sendable {
     /// Made on first use.
@@ -27,7 +26,6 @@ final class ZMQReplyService: Sendable {
     /// The endpoints bound, by kind of destination: as libzmq resolved them, and parsed.
     private let endpoints = ZMQMutex<[String: (text: String, parsed: ZMQEndpoint)]>([:])
     private let waiters = ZMQMutex<[UInt64: ZMQReplyWaiter]>([:])
-    private let nextID = Atomic<UInt64>(1)
 
     private init() throws(PKError) {
         inbox = try ZMQInbox(limits: .default)
@@ -80,11 +78,16 @@ final class ZMQReplyService: Sendable {
         return bound.parsed.isWildcard ? try bound.parsed.advertised(toward: destination, before: deadline) : bound.text
     }
 
-    /// Registers a waiter; returns the port id its reply comes to.
+    /// Registers a waiter; returns the port id its reply comes to: random, non-zero and not
+    /// waited on already, so that a peer that can reach the reply endpoint cannot guess the id
+    /// of a request it was not sent (protocol.md 10.1: any message to that id is the reply).
     func register(_ waiter: ZMQReplyWaiter) -> UInt64 {
-        let id = nextID.add(1, ordering: .relaxed).newValue
-        waiters.withLock { $0[id] = waiter }
-        return id
+        waiters.withLock { waiters in
+            var id = UInt64.random(in: 1 ... .max)
+            while waiters[id] != nil { id = UInt64.random(in: 1 ... .max) }
+            waiters[id] = waiter
+            return id
+        }
     }
 
     func unregister(_ id: UInt64) {

@@ -3,8 +3,9 @@
 // whatever socket file is there and binds a new one, so a second process would silently steal a
 // live endpoint. PortKit first takes the name server's lock for the path: `<path>.lock`, held
 // with flock for the owner's whole life, never waited for. With the lock held it removes a stale
-// socket file (only a socket of this user's); on release it unlinks the socket file it bound (if
-// still the same inode), then the lock file, then drops the lock.
+// socket file (only a socket of this user's that accepts no connection); on release it unlinks
+// the socket file it bound (if still the same inode), then the lock file (if still the one it
+// locked), then drops the lock.
 
 import Glibc
 import PortKit
@@ -15,6 +16,8 @@ final class EndpointClaim: @unchecked Sendable {
     let socketPath: String
     let lockPath: String
     private var lockFD: Int32
+    /// The lock file's inode: `release` removes the file at the path only if it is still this one.
+    private let lockInode: UInt64
     private var socketInode: UInt64?
 
     /// Takes the lock for `socketPath`, failing at once if a live owner holds it.
@@ -24,11 +27,11 @@ final class EndpointClaim: @unchecked Sendable {
     init(socketPath: String) throws(PKError) {
         self.socketPath = socketPath
         self.lockPath = socketPath + ".lock"
-        lockFD = try Self.takeLock(lockPath, endpoint: socketPath)
+        (lockFD, lockInode) = try Self.takeLock(lockPath, endpoint: socketPath)
         do throws(PKError) {
             try Self.removeStale(socketPath)
         } catch {
-            Self.releaseLock(lockFD, lockPath)
+            Self.releaseLock(lockFD, lockPath, inode: lockInode)
             throw error
         }
     }
@@ -46,20 +49,21 @@ final class EndpointClaim: @unchecked Sendable {
         if let inode = socketInode, let status = FileInfo.lstat(socketPath), status.isSocket, status.inode == inode {
             _ = unlink(socketPath)
         }
-        Self.releaseLock(lockFD, lockPath)
+        Self.releaseLock(lockFD, lockPath, inode: lockInode)
         lockFD = -1
     }
 
-    private static func releaseLock(_ fd: Int32, _ path: String) {
-        // Unlink while holding the lock: a claimant that opened the old file notices (its inode
-        // no longer matches the path) and tries again.
-        _ = unlink(path)
+    private static func releaseLock(_ fd: Int32, _ path: String, inode: UInt64) {
+        // Unlink while holding the lock (if it is still ours: someone may have removed it, and
+        // a new owner made another): a claimant that opened the old file notices (its inode no
+        // longer matches the path) and tries again.
+        if let current = FileInfo.lstat(path), current.inode == inode { _ = unlink(path) }
         _ = close(fd)
     }
 
     /// Opens and locks the lock file; fails at once if a live owner holds it. The
     /// corresponding system calls are `open(2)` and `flock(2)`.
-    private static func takeLock(_ path: String, endpoint: String) throws(PKError) -> Int32 {
+    private static func takeLock(_ path: String, endpoint: String) throws(PKError) -> (fd: Int32, inode: UInt64) {
         for _ in 0..<16 {
             let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
             guard fd >= 0 else {
@@ -78,21 +82,33 @@ final class EndpointClaim: @unchecked Sendable {
             }
             // The lock counts only if the file locked is still the one at the path.
             if let held = FileInfo.fstat(fd), let current = FileInfo.lstat(path), held.inode == current.inode, current.isRegular {
-                return fd
+                return (fd, held.inode)
             }
             _ = close(fd)
         }
         throw PKError(.nameInUse, "the endpoint ipc://\(endpoint) is changing hands too fast to bind")
     }
 
-    /// With the lock held: removes a leftover socket of a dead owner, only if it is a socket of ours.
+    /// With the lock held: removes a leftover socket of a dead owner, only if it is a socket of
+    /// ours that accepts no connection. One that accepts has a live owner whose lock file was
+    /// removed from outside: the endpoint is in use, not taken over (libzmq's bind would unlink
+    /// the live socket).
     private static func removeStale(_ path: String) throws(PKError) {
         guard let status = FileInfo.lstat(path) else { return }
         guard status.isSocket, status.owner == geteuid() else {
             throw PKError(.unsafeDirectory, "\(path) is in the way of ipc://\(path) and is not a socket of this user's; PortKit will not remove it")
         }
-        if unlink(path) != 0 {
-            throw PKError(.system, "cannot remove the stale socket \(path)", call: "unlink", errno: errno)
+        switch SocketFileProbe.probe(path) {
+        case .live:
+            throw PKError(.nameInUse, "the endpoint ipc://\(path) is bound by a live owner (its lock file is missing)")
+        case .gone:
+            return
+        case .unknown(let error):
+            throw error  // not known to be stale: left as it is
+        case .stale:
+            if unlink(path) != 0 {
+                throw PKError(.system, "cannot remove the stale socket \(path)", call: "unlink", errno: errno)
+            }
         }
     }
 }

@@ -54,6 +54,7 @@ struct ZMQWireLimits: Sendable {
         precondition(limits.maxComponents >= 1, "PKPortLimits.maxComponents must be at least 1, not \(limits.maxComponents)")
         precondition(limits.maxDescriptors >= 1, "PKPortLimits.maxDescriptors must be at least 1, not \(limits.maxDescriptors)")
         precondition(limits.maxMessageBytes >= 0, "PKPortLimits.maxMessageBytes must not be negative")
+        limits.checkQueueAndGreetingLimits()
         maxMessageBytes = limits.maxMessageBytes
         maxComponents = min(limits.maxComponents, Int(UInt16.max))
         maxPorts = limits.maxDescriptors

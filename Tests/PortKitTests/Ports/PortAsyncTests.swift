@@ -135,6 +135,26 @@ final class NumberedSender: Sendable {
         try sender.joinPatiently()
     }
 
+    /// A port invalidated on its loop before `messages()` or `deliver(on:)` is asked for is
+    /// refused with `.invalidPort` (its invalidation had run: the sequence was made, and never
+    /// finished). Unscheduled and invalidated, it is refused too.
+    @Test func anInvalidatedPortIsRefusedForAsyncDelivery() throws {
+        let codes = try onLoopThread { loop -> [PKError.Code?] in
+            let scheduled = PKReceivePort()
+            try loop.add(scheduled, forMode: .default)
+            scheduled.invalidate()
+            let unscheduled = PKReceivePort()
+            unscheduled.invalidate()
+            var codes: [PKError.Code?] = []
+            for port in [scheduled, unscheduled] {
+                do throws(PKError) { _ = try port.messages(); codes.append(nil) } catch { codes.append(error.code) }
+                do throws(PKError) { try port.deliver(on: DispatchQueue(label: "refused")) { _ in }; codes.append(nil) } catch { codes.append(error.code) }
+            }
+            return codes
+        }
+        #expect(codes == [.invalidPort, .invalidPort, .invalidPort, .invalidPort])
+    }
+
     /// A consumer that falls behind holds the senders back instead of letting messages pile
     /// up: at most `bufferLimit` wait for it, the port's own queue (its limit) the rest, and a
     /// send beyond that times out. Once the consumer takes them, every message accepted comes,

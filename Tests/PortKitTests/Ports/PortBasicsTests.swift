@@ -1,3 +1,4 @@
+import Glibc
 import Testing
 @testable import PortKit
 
@@ -206,6 +207,29 @@ import Testing
         try right.send(PKPortMessage(msgid: 99), timeout: .seconds(5))
         try server.join()
         #expect(!right.isValid)
+    }
+
+    /// A queue or greeting limit below its least traps in the port's initializer, as the
+    /// documentation says and as the message limits did (these were taken as given: a queue
+    /// of 0 messages, a negative greeting timeout).
+    @Test(arguments: ["maxQueuedMessages", "maxQueuedBytes", "maxPendingGreetings", "greetingTimeout"])
+    func aLimitBelowItsLeastTraps(limit: String) async {
+        var result: ExitTest.Result?
+        await exitTestInTurn {
+            result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) { [limit] in
+                var limits = PKPortLimits()
+                switch limit {
+                case "maxQueuedMessages": limits.maxQueuedMessages = 0
+                case "maxQueuedBytes": limits.maxQueuedBytes = -1
+                case "maxPendingGreetings": limits.maxPendingGreetings = 0
+                default: limits.greetingTimeout = .milliseconds(-1)
+                }
+                _ = PKReceivePort(limits: limits)
+                exit(0)  // reached only if the initializer did not trap
+            }
+        }
+        let message = String(decoding: result?.standardErrorContent ?? [], as: UTF8.self)
+        #expect(message.contains("PKPortLimits.\(limit)"), "\(message)")
     }
 }
 

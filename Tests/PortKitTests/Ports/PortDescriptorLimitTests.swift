@@ -192,6 +192,73 @@ import Testing
         #expect(outcome.valid)
     }
 
+    /// A new sender handed over in ATTACH_SENDER that never greets is dropped once the port's
+    /// greeting timeout passes, as an accepted connection that never greets is (it stayed for
+    /// as long as its peer held the other end); the connection that handed it over stays.
+    @Test func anAttachedSenderThatNeverGreetsIsDropped() throws {
+        let outcome = try onLoopThread { loop -> (silentClosed: Bool, senderOpen: Bool, got: [UInt32]) in
+            var limits = PKPortLimits()
+            limits.greetingTimeout = .milliseconds(200)
+            var got: [UInt32] = []
+            let port = PKReceivePort(limits: limits) { got.append($0.msgid) }
+            try loop.add(port, forMode: .default)
+            defer { port.invalidate() }
+            let writeEnd = try Self.greetedSender(to: port)
+            defer { Descriptor.close(writeEnd) }
+            let (silent, attached) = try Socket.pair()
+            defer { Descriptor.close(silent) }
+            var frames: [UInt8] = []
+            WireEncoder.append(WireFrame.attachSender(), to: &frames)
+            _ = try Socket.send(writeEnd, frames, from: 0, descriptors: [attached])
+            Descriptor.close(attached)
+            let silentClosed = Self.portClosed(silent, running: loop)
+            // The connection that handed it over still delivers.
+            var message: [UInt8] = []
+            WireEncoder.append(WireFrame(msgid: 9), to: &message)
+            _ = try Socket.send(writeEnd, message, from: 0, descriptors: [])
+            let deadline = PKDeadline.after(patience(.seconds(10)))
+            while !got.contains(9) && !deadline.hasPassed {
+                loop.run(in: .default, until: deadline, returnAfterSourceHandled: true)
+            }
+            return (silentClosed, !Socket.peerHasHungUp(writeEnd), got)
+        }
+        #expect(outcome.silentClosed, "the silent attached sender was dropped")
+        #expect(outcome.senderOpen)
+        #expect(outcome.got == [9])
+    }
+
+    /// A new sender handed over (ATTACH_SENDER) in the same read as a frame that breaks the
+    /// protocol is adopted, as a message before the error is delivered (protocol.md 8); the
+    /// connection that broke it goes. The sender was closed with it.
+    @Test func aSenderHandedOverBeforeAnErrorIsAdopted() throws {
+        let outcome = try onLoopThread { loop -> (got: [UInt32], hostileClosed: Bool) in
+            var got: [UInt32] = []
+            let port = PKReceivePort { got.append($0.msgid) }
+            try loop.add(port, forMode: .default)
+            defer { port.invalidate() }
+            let hostile = try Self.greetedSender(to: port)
+            defer { Descriptor.close(hostile) }
+            let (newSender, handedOver) = try Socket.pair()
+            defer { Descriptor.close(newSender) }
+            var greeted = ConnectionSetup.greeting
+            WireEncoder.append(WireFrame(msgid: 11), to: &greeted)
+            _ = try Socket.send(newSender, greeted, from: 0, descriptors: [])
+            var frames: [UInt8] = []
+            WireEncoder.append(WireFrame.attachSender(), to: &frames)
+            WireEncoder.append(WireFrame.control(.noReply, replyToken: 8), to: &frames)  // never towards a port
+            _ = try Socket.send(hostile, frames, from: 0, descriptors: [handedOver])
+            Descriptor.close(handedOver)
+            let hostileClosed = Self.portClosed(hostile, running: loop)
+            let deadline = PKDeadline.after(patience(.seconds(10)))
+            while !got.contains(11) && !deadline.hasPassed {
+                loop.run(in: .default, until: deadline, returnAfterSourceHandled: true)
+            }
+            return (got, hostileClosed)
+        }
+        #expect(outcome.hostileClosed)
+        #expect(outcome.got == [11], "the message through the adopted sender arrived")
+    }
+
     /// A send whose descriptors the kernel refuses for the moment (ETOOMANYREFS: this user's
     /// descriptors in flight, sent and not yet received, passed RLIMIT_NOFILE) fails alone,
     /// with `.limitExceeded`: the right and its connection stay valid, and once the receiver

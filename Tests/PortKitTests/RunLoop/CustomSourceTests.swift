@@ -273,5 +273,40 @@ extension RunLoopTests {
             #expect(!performed)
             #expect(result == .finished)
         }
+        /// A source signalled while another mode runs waits for a run of its own mode; removed
+        /// from its last mode meanwhile, it is let go (the loop does not keep it, nor look at it
+        /// every run), and it stays signalled: added again, it is performed.
+        @Test func aSignalledSourceRemovedFromItsLastModeIsLetGo() throws {
+            let (released, performedAgain) = try onLoopThread { loop in
+                let mode: PKRunLoopMode = "cs-letgo"
+                let other: PKRunLoopMode = "cs-letgo-other"
+                let keeper = keepAlive(loop, other)
+                weak var weakSource: PKCustomSource?
+                do {
+                    let source = PKCustomSource {}
+                    weakSource = source
+                    loop.add(source, forMode: mode)
+                    source.signal()
+                    loop.runOnePass(in: other)  // takes the signal, defers the source
+                    loop.remove(source, forMode: mode)
+                }
+                loop.runOnePass(in: other)
+                let released = weakSource == nil
+
+                var performed = 0
+                let kept = PKCustomSource { performed += 1 }
+                loop.add(kept, forMode: mode)
+                kept.signal()
+                loop.runOnePass(in: other)
+                loop.remove(kept, forMode: mode)
+                loop.runOnePass(in: other)
+                loop.add(kept, forMode: mode)
+                loop.run(in: mode, until: .after(.seconds(10)), returnAfterSourceHandled: true)
+                loop.remove(keeper, forMode: other)
+                return (released, performed)
+            }
+            #expect(released)
+            #expect(performedAgain == 1)
+        }
     }
 }

@@ -51,22 +51,25 @@ import Testing
     /// A descriptor handed to the child at a number that is itself a source of another one:
     /// each arrives as given (placing the first used to overwrite the second's source).
     @Test func descriptorsWhoseNumbersCollideArriveAsGiven() throws {
-        let first = try Self.pipeEnds()
-        let second = try Self.pipeEnds()
-        let output = try Self.pipeEnds()
-        // The second pipe's read end at a number of its own, which the first goes to.
-        let collide = fcntl(second.read, F_DUPFD_CLOEXEC, 900)
-        // Each descriptor closed once: other tests run meanwhile, and a number closed twice
-        // may be theirs by then.
-        var open = [first.read, first.write, second.read, second.write, output.read, output.write]
-        if collide >= 0 { open.append(collide) }
+        // Each descriptor closed once, whatever fails: other tests run meanwhile, and a number
+        // closed twice may be theirs by then.
+        var open: [Int32] = []
+        defer { for fd in open { close(fd) } }
         func closeOnce(_ fd: Int32) {
             guard let index = open.firstIndex(of: fd) else { return }
             open.remove(at: index)
             close(fd)
         }
-        defer { for fd in open { close(fd) } }
+        let first = try Self.pipeEnds()
+        open += [first.read, first.write]
+        let second = try Self.pipeEnds()
+        open += [second.read, second.write]
+        let output = try Self.pipeEnds()
+        open += [output.read, output.write]
+        // The second pipe's read end at a number of its own, which the first goes to.
+        let collide = fcntl(second.read, F_DUPFD_CLOEXEC, 900)
         try #require(collide >= 0)
+        open.append(collide)
         let child = try ChildProcess(
             path: "/bin/sh", arguments: ["-c", "cat /proc/self/fd/\(collide); cat /proc/self/fd/\(collide + 1)"], environment: [:],
             inherit: [(first.read, collide), (collide, collide + 1), (output.write, 1)])
