@@ -91,7 +91,7 @@ final class MainRole {
     /// thread's run loop (see `init`); detach a thread and hand it a send right. The worker's
     /// check-in arrives in `handlePortMessage` (Listing 3-13); run the loop until it has.
     private func launchThread(name: String) throws(ExampleFailure) {
-        let worker = WorkerRecord(name: name, kind: "thread", transport: Transport.socketpair, launch: .guide)
+        let worker = WorkerRecord(name: name, kind: "thread", transport: Transport.inProcessMailbox, launch: .guide)
         workers.append(worker)
         let started = PKDeadline.now
         let outPort = myPort.makeSendRight()
@@ -118,7 +118,7 @@ final class MainRole {
         } catch {
             throw ExampleFailure("\(name) did not check in: \(error.message)")
         }
-        let worker = WorkerRecord(name: name, kind: "thread", transport: Transport.socketpair, launch: .workerThread(thread))
+        let worker = WorkerRecord(name: name, kind: "thread", transport: Transport.inProcessMailbox, launch: .workerThread(thread))
         worker.checkInNanoseconds = nanoseconds(from: started)
         worker.port = thread.port
         workers.append(worker)

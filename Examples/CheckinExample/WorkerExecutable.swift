@@ -1,7 +1,7 @@
 // Which program a worker process runs, and the names worker processes register.
 //
 // `swift run checkin-main` builds only checkin-main, so on a fresh clone there may be no
-// checkin-worker to spawn (design section 9). Both executables are thin over this target, so
+// checkin-worker to spawn. Both executables are thin over this target, so
 // checkin-main runs the checkin-worker next to it when there is one, and else itself with the
 // hidden `worker` subcommand, which is the same code.
 

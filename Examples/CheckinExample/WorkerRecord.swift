@@ -8,7 +8,7 @@ import PortKit
 enum Transport {
     /// Between threads: in-process rights, whose messages go into the receiving port's
     /// in-memory mailbox (no socket).
-    static let socketpair = "in-process mailbox"
+    static let inProcessMailbox = "in-process mailbox"
     /// A port looked up by name: a connection to the owner's named Unix socket.
     static let namedSocket = "named unix socket"
     /// `PKWorkerProcess`: ports handed over on inherited descriptors and inside the check-in.

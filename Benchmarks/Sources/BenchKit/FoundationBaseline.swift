@@ -1,5 +1,5 @@
 // Foundation's SocketPort with RunLoop, the only port API swift-corelibs-foundation offers on
-// Linux. It is known to crash (design.md section 1), so `pkbench` runs it in a child process and
+// Linux. It is known to crash (docs/performance.md records it), so `pkbench` runs it in a child process and
 // the report records a crash as a result.
 
 import CBench

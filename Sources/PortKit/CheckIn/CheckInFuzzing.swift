@@ -40,8 +40,8 @@
 /// descriptors arriving with its first byte; they must decode to exactly themselves.
 ///
 /// The properties, each checked with `precondition`:
-/// - The launcher follows the check-in rules (README, "The guide's check-in"; design section
-///   7): the first event decides; a message with msgid 100 and a reply port is the check-in,
+/// - The launcher follows the check-in rules (README, "The guide's check-in"; protocol.md
+///   section 6.2): the first event decides; a message with msgid 100 and a reply port is the check-in,
 ///   and the launcher keeps exactly that message's data; any other message, the worker's end,
 ///   the deadline and a stop fail it (`.checkInFailed`, `.checkInFailed`, `.checkInTimedOut`,
 ///   `.interrupted`).

@@ -1,6 +1,6 @@
 // A worker process checked in by passing a port: the launcher hands the child a connection to
 // a private check-in port as an inherited descriptor; the child sends its own port back in the
-// check-in message (design section 3: an anonymous port crosses the process boundary).
+// check-in message (an anonymous port crosses the process boundary; protocol.md section 6.2).
 
 import Synchronization
 

@@ -1,4 +1,4 @@
-// The limits every port enforces (design section 7), configurable per port.
+// The limits every port enforces (protocol.md section 7), configurable per port.
 
 /// The limits a port enforces on what it receives.
 ///

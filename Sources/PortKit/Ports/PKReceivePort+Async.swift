@@ -1,15 +1,16 @@
-// Delivery beyond the run loop (design section 8): a receive port as an AsyncSequence, on a
+// Delivery beyond the run loop: a receive port as an AsyncSequence, on a
 // DispatchQueue (CFMessagePortSetDispatchQueue), and request/reply with `async`.
 
 import Dispatch
 import Synchronization
 
 extension PKReceivePort {
-    /// The port's messages as an `AsyncSequence` (design section 8), for one consumer:
+    /// The port's messages as an `AsyncSequence`, for one consumer:
     /// `for await message in try port.messages() { ... }`.
     ///
     /// Call it on a port that is not scheduled yet: PortKit schedules it on
-    /// `PKRunLoop.background`, so no loop has to be run by hand. (Called on the thread of the
+    /// `PKRunLoop.background`, so no loop has to be run by hand, and returns once that loop has
+    /// taken it (the calling thread waits for the loop meanwhile). (Called on the thread of the
     /// loop the port is scheduled on, it keeps that loop.) The sequence replaces `handler`; it
     /// finishes when the port is invalidated, after the messages it had taken from the port.
     /// When the consumer is done, the port is invalidated: the task cancelled, or the sequence

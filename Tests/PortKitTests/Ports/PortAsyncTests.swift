@@ -1,4 +1,4 @@
-// Delivery beyond the run loop (design section 8): a port as an AsyncSequence, on a
+// Delivery beyond the run loop: a port as an AsyncSequence, on a
 // DispatchQueue, and async request/reply.
 
 import Dispatch
