@@ -527,6 +527,40 @@ final class NumberedSender: Sendable {
     }
 
     /// Several async requests at once on one right each get their own reply.
+    /// Async requests to a port read with `messages()`, whose queues are full, hold no thread
+    /// of Swift concurrency's pool while they wait for room: the consumer, a task too, gets a
+    /// thread, makes room and answers them all. (Each blocked a pool thread in its send; with
+    /// more requests than threads, the consumer waited for the sends' deadlines, and the
+    /// requests failed with `.sendTimedOut`.)
+    @Test func requestsToAFullPortLeaveThePoolToItsConsumer() async throws {
+        var limits = PKPortLimits()
+        limits.maxQueuedMessages = 1
+        let port = PKReceivePort(limits: limits)
+        let stream = try port.messages(bufferLimit: 1)
+        let right = port.makeSendRight()
+        let consumer = Task {
+            for await message in stream {
+                try? message.replyPort?.send(PKPortMessage(msgid: message.msgid), timeout: .seconds(5))
+            }
+        }
+        let count = UInt32(4 * max(2, sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+        let replies = try await withDeadline(.seconds(60), "every reply") {
+            try await withThrowingTaskGroup(of: UInt32.self) { group in
+                for id in UInt32(0)..<count {
+                    group.addTask {
+                        try await right.request(PKPortMessage(msgid: id), sendTimeout: .seconds(20), receiveTimeout: patience(.seconds(30))).msgid
+                    }
+                }
+                var all: [UInt32] = []
+                for try await id in group { all.append(id) }
+                return all
+            }
+        }
+        #expect(replies.sorted() == Array(0..<count))
+        port.invalidate()
+        _ = await consumer.value
+    }
+
     @Test func concurrentAsyncRequests() async throws {
         let server = try PortServer { port, _ in
             port.handler = { try? $0.replyPort?.send(PKPortMessage(msgid: $0.msgid), timeout: .seconds(5)) }
