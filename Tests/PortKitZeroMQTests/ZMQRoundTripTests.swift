@@ -130,6 +130,39 @@ import PortKitZeroMQ
         #expect(reply.msgid == 5 && reply.data == [1, 2, 3])
     }
 
+    /// Async requests that wait for their connection (nothing bound at the endpoint yet) hold
+    /// no thread of Swift concurrency's pool: another task runs while they wait, and once a
+    /// port is bound there each request gets its reply. (Each request held a pool thread until
+    /// its connection came: with more requests than threads, every other task waited as long.)
+    @Test func asyncRequestsWaitingForTheirConnectionLeaveThePoolFree() async throws {
+        let directory = TemporaryDirectory()
+        let endpoint = directory.endpoint("later")
+        let right = try PKZMQSendPort(connectingTo: endpoint)
+        let count = UInt32(4 * max(2, sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+        let replies = Locked<[UInt32]>([])
+        let failures = Locked<[String]>([])
+        var requests: [Task<Void, Never>] = []
+        for id in UInt32(0)..<count {
+            requests.append(Task {
+                do throws(PKError) {
+                    // The send deadline bounds every wait of this test: a starved pool runs
+                    // nothing else until the requests give up.
+                    let reply = try await right.request(PKZMQMessage(msgid: id), sendTimeout: .seconds(30), receiveTimeout: .seconds(30))
+                    replies.withLock { $0.append(reply.msgid) }
+                } catch {
+                    failures.withLock { $0.append("\(error)") }
+                }
+            })
+        }
+        let ranWhileTheyWaited = await Task { replies.value.isEmpty && failures.value.isEmpty }.value
+        #expect(ranWhileTheyWaited, "another task ran while the requests waited for their connection")
+        let server = try ZMQEchoServer(endpoint: endpoint)
+        defer { server.stop() }
+        for request in requests { await request.value }
+        #expect(failures.value.isEmpty, "\(failures.value)")
+        #expect(replies.value.sorted() == Array(0..<count))
+    }
+
     /// Cancelling the task of an async request ends its wait at once with `.cancelled` (it
     /// waited for the reply or the whole receive timeout).
     @Test func cancellingAnAsyncRequestEndsItsWait() async throws {

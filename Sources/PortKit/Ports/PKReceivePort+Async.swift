@@ -301,7 +301,9 @@ extension PKSendPort {
     ///
     /// Cancelling the task ends the wait at once with `.cancelled`: the reply right it sent
     /// stops working, as when a request times out. (A send waiting for room still waits for its
-    /// deadline, on a thread of its own: a full queue holds no thread of the task's pool.)
+    /// deadline. To a port of this process whose queue is full, it waits on a thread of its own,
+    /// so that a consumer of that port that is a task, `messages()`, keeps the threads it
+    /// needs to make room; through a connection, whose waits cannot be foreseen, on the task's.)
     ///
     /// - Throws: `PKError` with `.sendTimedOut`, `.receiveTimedOut`, `.invalidPort`,
     ///   `.portInvalidated`, `.transport` or `.limitExceeded`, as `sendRequest`; `.cancelled`
@@ -316,7 +318,7 @@ extension PKSendPort {
         let target = self
         // Set up on the background loop without blocking this task's thread (one of Swift
         // concurrency's few) while that loop gets to it.
-        let handOver = HandOver<Result<(reply: PKSendPort, keeper: PKSendPort), PKError>>()
+        let handOver = HandOver<Result<PKSendPort, PKError>>()
         await withCheckedContinuation { (setUp: CheckedContinuation<Void, Never>) in loop.perform {
             let replyPort = PKReceivePort()
             pending.port = replyPort
@@ -332,11 +334,7 @@ extension PKSendPort {
                 pending.watch = try target.watchInvalidation(on: loop, forMode: .default) {
                     pending.finish(.failure(PKError(.portInvalidated, "the remote port became invalid while waiting for the reply")))
                 }
-                // A sender of the reply port's own while the request is being sent: a try
-                // that finds the queue full gives back the right it made for the receiver,
-                // which must not be taken for the receiver's leaving (`onNoSenders`).
-                let keeper = PKSendPort(localRight: LocalRight(port: replyPort))
-                handOver.slot.withLock { $0 = .success((replyPort.makeSendRight(), keeper)) }
+                handOver.slot.withLock { $0 = .success(replyPort.makeSendRight()) }
             } catch {
                 pending.finish(.failure(error))
                 handOver.slot.withLock { $0 = .failure(error) }
@@ -345,20 +343,20 @@ extension PKSendPort {
         } }
         // Taken under the lock the set-up released: the port made on the loop's thread is then
         // visible here to ThreadSanitizer too, which does not see a continuation's hand-over.
-        let (replyRight, keeper) = try handOver.slot.withLock { $0 }!.get()
+        let replyRight = try handOver.slot.withLock { $0 }!.get()
         var request = message
         request.replyPort = replyRight
         if Task.isCancelled {
-            keeper.invalidate()
             loop.perform { pending.finish(.failure(Self.cancelledRequest)) }
             throw Self.cancelledRequest
         }
         do throws(PKError) {
-            try await sendHoldingNoTaskThread(request, before: .after(sendTimeout))
-            // Sent: the receiver's right is now the reply port's only sender.
-            keeper.invalidate()
+            if mayWaitForRoom {
+                try await sendOnAThreadOfItsOwn(request, before: .after(sendTimeout))
+            } else {
+                try send(request, before: .after(sendTimeout))
+            }
         } catch {
-            keeper.invalidate()
             loop.perform { pending.finish(.failure(error)) }
             throw error
         }
@@ -382,21 +380,14 @@ extension PKSendPort {
         return try result.get()
     }
 
-    /// Sends `message` without holding the task's thread while the port's queue is full: a
-    /// first try that never waits, then, if the queue was full (nothing was sent), the waiting
-    /// send on a thread of its own, which the task awaits. A thread of Swift concurrency's pool
-    /// blocked in a send could be the one the consumer that makes room needs (a port read with
-    /// `messages()`, whose consumer is a task): requests from more tasks than the pool has
-    /// threads would then wait for their deadlines.
-    private func sendHoldingNoTaskThread(_ message: PKPortMessage, before deadline: PKDeadline) async throws(PKError) {
-        do throws(PKError) {
-            try send(message, before: .distantPast)
-            return
-        } catch {
-            guard error.code == .sendTimedOut, !deadline.hasPassed else { throw error }
-        }
+    /// Sends `message` on a thread of its own, which the task awaits: for a send that waits
+    /// for room. A thread of Swift concurrency's pool blocked there could be the one the
+    /// consumer that makes room needs (a port read with `messages()`, whose consumer is a
+    /// task): requests from more tasks than the pool has threads would then wait for their
+    /// deadlines. A thread that cannot be started leaves the send to the task's own.
+    private func sendOnAThreadOfItsOwn(_ message: PKPortMessage, before deadline: PKDeadline) async throws(PKError) {
         let target = self
-        let outcome = HandOver<Result<Void, PKError>>()
+        let outcome = HandOver<Result<Void, PKError>?>()
         await withCheckedContinuation { (sent: CheckedContinuation<Void, Never>) in
             do throws(PKError) {
                 _ = try SystemThread(name: "PortKit.send") {
@@ -405,11 +396,14 @@ extension PKSendPort {
                     sent.resume()
                 }
             } catch {
-                outcome.slot.withLock { $0 = .failure(error) }
+                outcome.slot.withLock { $0 = .some(nil) }
                 sent.resume()
             }
         }
-        try outcome.slot.withLock { $0 }!.get()
+        guard let result = outcome.slot.withLock({ $0 })! else {
+            return try send(message, before: deadline)
+        }
+        try result.get()
     }
 
     private static var cancelledRequest: PKError {

@@ -57,6 +57,10 @@ extension PKReceivePort {
         }
     }
 
+    /// Whether an in-process send would wait for room now: the mailbox is full (by count, or
+    /// by bytes). Safe from any thread; it may change at once.
+    var mailboxIsFull: Bool { shared.withLock { !hasRoom($0, for: 0) } }
+
     /// Whether the mailbox takes a message of `bytes` data bytes now (one message always fits
     /// in an empty mailbox).
     private func hasRoom(_ state: Shared, for bytes: Int) -> Bool {

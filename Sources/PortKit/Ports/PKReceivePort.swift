@@ -94,6 +94,8 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     // Loop-only state.
     @exclusivity(unchecked) private var modes: [PKRunLoopMode] = []
     @exclusivity(unchecked) private var connections: [ObjectIdentifier: ReceiveConnection] = [:]
+    /// Tests: how many connections the port reads. Loop-only.
+    var connectionCountForTests: Int { connections.count }
     /// Connections with messages to deliver, in the order they had them: a delivery visits these
     /// rather than every connection (a port may have thousands of idle senders).
     @exclusivity(unchecked) private var ready: [ReceiveConnection] = []
@@ -478,13 +480,18 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
 
     private func dropSilentConnections() {
         greetingTimer = nil
+        guard let loop = runLoop else { return }
         for connection in awaitingGreeting {
-            if let deadline = connection.greetingDeadline, deadline.hasPassed {
-                Self.logger.notice("dropping a connection that did not greet within \(limits.greetingTimeout)")
-                drop(connection)
-            }
+            guard let deadline = connection.greetingDeadline, deadline.hasPassed else { continue }
+            // Its greeting may be in the socket, unread: the loop, held up (a long handler, a
+            // nested run in another mode), fires due timers before it reads ready descriptors.
+            // A sender handed over in ATTACH_SENDER, not read when adopted, would be dropped so.
+            handle(.readable, on: connection, loop: loop)
+            guard !connection.isClosed, connection.greetingDeadline != nil else { continue }
+            Self.logger.notice("dropping a connection that did not greet within \(limits.greetingTimeout)")
+            drop(connection)
         }
-        if let loop = runLoop { armGreetingTimer(loop) }
+        armGreetingTimer(loop)
     }
 
     // MARK: - Invalidation

@@ -233,6 +233,17 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         try send(PKPortMessage(msgid: msgid, components: components, replyPort: replyPort), before: deadline)
     }
 
+    /// Whether a send through this right would wait for room now, as far as can be told
+    /// without trying: for a port of this process, whether its queue is full. (Through a
+    /// connection, false: whether the socket takes a frame is known by writing it.)
+    var mayWaitForRoom: Bool {
+        switch storage {
+        case .local(let port): port.mailboxIsFull
+        case .localRight(let right): right.port.mailboxIsFull
+        case .connection, .reply: false
+        }
+    }
+
     /// Whether the port can still receive: false once the receive port is gone or this right
     /// was invalidated (`-[NSPort isValid]`). Safe from any thread.
     public var isValid: Bool {

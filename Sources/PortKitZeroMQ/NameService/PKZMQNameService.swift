@@ -55,8 +55,8 @@ public struct PKZMQNameService: Sendable {
 
     /// Removes `name`, if `port` holds it.
     ///
-    /// - Throws: `.nameNotFound` if `port` does not hold `name`; timeouts and `.interrupted` as
-    ///   above.
+    /// - Throws: `.nameNotFound` if `port` does not hold `name`; `.badName` if the name is
+    ///   ill-formed (the server's answer); timeouts and `.interrupted` as above.
     public func unregister(name: String, port: PKZMQSendPort, timeout: Duration = .seconds(5)) throws(PKError) {
         let request = PKZMQMessage(msgid: ZMQNameProtocol.unregister, components: [.data(Array(name.utf8)), .port(port)])
         let reply = try server.sendRequest(request, sendTimeout: timeout, receiveTimeout: timeout)

@@ -43,7 +43,7 @@ extension PKZMQSendPort {
         loop.add(woken, forMode: mode)
         defer { woken.invalidate() }
         let waiter = ZMQReplyWaiter { woken.signal(waking: loop) }
-        let pending = try PendingRequest(self, message, waiter: waiter, sendTimeout: sendTimeout)
+        let pending = try PendingRequest(self, message, waiter: waiter, before: .after(sendTimeout))
         defer { pending.end() }
         let deadline = PKDeadline.after(receiveTimeout)
         while waiter.outcome == nil {
@@ -57,9 +57,9 @@ extension PKZMQSendPort {
     }
 
     /// Sends `message` and awaits the reply: the async form of
-    /// `sendRequest(_:sendTimeout:receiveTimeout:)`. The request is sent (waiting up to
-    /// `sendTimeout` for room: a blocking send) before the first suspension; the wait for the
-    /// reply blocks no thread.
+    /// `sendRequest(_:sendTimeout:receiveTimeout:)`. No thread of the task's pool waits: a
+    /// request that must wait for the connection, for room, or for the reply endpoint's
+    /// address waits up to `sendTimeout` on a thread of its own, and the reply is awaited.
     ///
     /// Cancelling the task ends the wait at once with `.cancelled` (a reply that comes later
     /// is dropped); a task cancelled before the call sends nothing.
@@ -72,7 +72,7 @@ extension PKZMQSendPort {
         if Task.isCancelled { throw PKError(.cancelled, "the task was cancelled; the request was not sent") }
         let signal = AsyncSignal()
         let waiter = ZMQReplyWaiter { signal.fire() }
-        let pending = try PendingRequest(self, message, waiter: waiter, sendTimeout: sendTimeout)
+        let pending = try await PendingRequest.holdingNoTaskThread(self, message, waiter: waiter, before: .after(sendTimeout))
         defer { pending.end() }
         let timer = PKTimer(fireDate: .after(receiveTimeout)) { _ in signal.fire() }
         PKRunLoop.background.perform(inModes: [.common]) { PKRunLoop.current.add(timer, forMode: .common) }
@@ -96,17 +96,16 @@ extension PKZMQSendPort {
 /// A request on the wire: its waiter registered with the reply service under a fresh port id,
 /// a watch on the remote port's connection, and the request sent. `end()` undoes the
 /// registrations.
-private struct PendingRequest {
+private struct PendingRequest: Sendable {
     let service: ZMQReplyService
     let id: UInt64
     let connection: ZMQConnection
     let watch: Int?
 
-    init(_ port: PKZMQSendPort, _ message: PKZMQMessage, waiter: ZMQReplyWaiter, sendTimeout: Duration) throws(PKError) {
+    /// One deadline for the reply endpoint's lookup and the send.
+    init(_ port: PKZMQSendPort, _ message: PKZMQMessage, waiter: ZMQReplyWaiter, before deadline: PKDeadline) throws(PKError) {
         let connection = try port.right.connection()
         let service = try ZMQReplyService.shared()
-        // One deadline for the reply endpoint's lookup and the send: `sendTimeout` in all.
-        let deadline = PKDeadline.after(sendTimeout)
         let replyEndpoint = try service.endpoint(toward: port.right.endpoint, before: deadline)
         let id = service.register(waiter)
         // A reply travels on another connection than the request, so it can arrive just after
@@ -134,6 +133,44 @@ private struct PendingRequest {
         service.unregister(id)
         connection.removeDeathHandler(watch)
     }
+
+    /// A request made by an async caller: a first try that never waits, then, if it would have
+    /// had to (no connection yet, no room, the reply endpoint's address not known: nothing was
+    /// sent), the waiting one on a thread of its own, which the task awaits. A thread of Swift
+    /// concurrency's pool waiting there could be one that the work that makes room needs.
+    static func holdingNoTaskThread(
+        _ port: PKZMQSendPort, _ message: PKZMQMessage, waiter: ZMQReplyWaiter, before deadline: PKDeadline
+    ) async throws(PKError) -> PendingRequest {
+        do throws(PKError) {
+            return try PendingRequest(port, message, waiter: waiter, before: .distantPast)
+        } catch {
+            guard error.code == .sendTimedOut, !deadline.hasPassed else { throw error }
+        }
+        let outcome = HandOver<Result<PendingRequest, PKError>?>()
+        await withCheckedContinuation { (made: CheckedContinuation<Void, Never>) in
+            do throws(PKError) {
+                _ = try SystemThread(name: "PortKitZeroMQ.request") {
+                    let result = Result { () throws(PKError) in try PendingRequest(port, message, waiter: waiter, before: deadline) }
+                    outcome.slot.withLock { $0 = result }
+                    made.resume()
+                }
+            } catch {
+                outcome.slot.withLock { $0 = .some(nil) }  // no thread: the task's own waits
+                made.resume()
+            }
+        }
+        // Taken under the lock the thread released, which ThreadSanitizer sees (it does not
+        // see a continuation's hand-over).
+        guard let result = outcome.slot.withLock({ $0 })! else {
+            return try PendingRequest(port, message, waiter: waiter, before: deadline)
+        }
+        return try result.get()
+    }
+}
+
+/// Passes a value from another thread to an awaiting task under a lock.
+private final class HandOver<Value: Sendable>: Sendable {
+    let slot = ZMQMutex<Value?>(nil)
 }
 
 /// A one-shot signal a task awaits; `fire` from any thread, any number of times.

@@ -536,6 +536,7 @@ final class NumberedSender: Sendable {
         var limits = PKPortLimits()
         limits.maxQueuedMessages = 1
         let port = PKReceivePort(limits: limits)
+        defer { port.invalidate() }
         let stream = try port.messages(bufferLimit: 1)
         let right = port.makeSendRight()
         let consumer = Task {

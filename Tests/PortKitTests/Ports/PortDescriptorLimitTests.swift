@@ -227,6 +227,43 @@ import Testing
         #expect(outcome.got == [9])
     }
 
+    /// A sender handed over in ATTACH_SENDER whose greeting waits unread in its socket when the
+    /// greeting timeout passes (the loop was held up: a pass fires due timers before it reads)
+    /// is read, not dropped: a live sender was taken for a silent one.
+    @Test func anAttachedSenderIsReadBeforeItsGreetingTimeoutDropsIt() throws {
+        let got = try onLoopThread { loop -> [UInt32] in
+            var limits = PKPortLimits()
+            limits.greetingTimeout = .milliseconds(100)
+            var got: [UInt32] = []
+            let port = PKReceivePort(limits: limits) { got.append($0.msgid) }
+            try loop.add(port, forMode: .default)
+            defer { port.invalidate() }
+            let sender = try Self.greetedSender(to: port)
+            defer { Descriptor.close(sender) }
+            let (newSender, handedOver) = try Socket.pair()
+            defer { Descriptor.close(newSender) }
+            var greeted = ConnectionSetup.greeting
+            WireEncoder.append(WireFrame(msgid: 12), to: &greeted)
+            _ = try Socket.send(newSender, greeted, from: 0, descriptors: [])
+            var frame: [UInt8] = []
+            WireEncoder.append(WireFrame.attachSender(), to: &frame)
+            _ = try Socket.send(sender, frame, from: 0, descriptors: [handedOver])
+            Descriptor.close(handedOver)
+            // Passes until the handed-over sender is adopted (it is read in a later pass).
+            let adoptedBy = PKDeadline.after(patience(.seconds(10)))
+            while port.connectionCountForTests < 2 && !adoptedBy.hasPassed { loop.runOnePass() }
+            // The loop held up past the greeting timeout.
+            var pause = timespec(tv_sec: 0, tv_nsec: 300_000_000)
+            nanosleep(&pause, nil)
+            let deadline = PKDeadline.after(patience(.seconds(10)))
+            while !got.contains(12) && !deadline.hasPassed {
+                loop.run(in: .default, until: deadline, returnAfterSourceHandled: true)
+            }
+            return got
+        }
+        #expect(got == [12], "the message of the handed-over sender arrived")
+    }
+
     /// A new sender handed over (ATTACH_SENDER) in the same read as a frame that breaks the
     /// protocol is adopted, as a message before the error is delivered (protocol.md 8); the
     /// connection that broke it goes. The sender was closed with it.
