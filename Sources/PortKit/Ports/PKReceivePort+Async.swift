@@ -303,7 +303,8 @@ extension PKSendPort {
     /// stops working, as when a request times out. (A send waiting for room still waits for its
     /// deadline. To a port of this process whose queue is full, it waits on a thread of its own,
     /// so that a consumer of that port that is a task, `messages()`, keeps the threads it
-    /// needs to make room; through a connection, whose waits cannot be foreseen, on the task's.)
+    /// needs to make room; through a connection, whose waits cannot be foreseen, on the task's.
+    /// Cancelling the task does not end that wait.)
     ///
     /// - Throws: `PKError` with `.sendTimedOut`, `.receiveTimedOut`, `.invalidPort`,
     ///   `.portInvalidated`, `.transport` or `.limitExceeded`, as `sendRequest`; `.cancelled`
@@ -351,10 +352,9 @@ extension PKSendPort {
             throw Self.cancelledRequest
         }
         do throws(PKError) {
-            if mayWaitForRoom {
-                try await sendOnAThreadOfItsOwn(request, before: .after(sendTimeout))
-            } else {
-                try send(request, before: .after(sendTimeout))
+            let sendBy = PKDeadline.after(sendTimeout)
+            if let prepared = try sendUnlessQueueFull(request, before: sendBy) {
+                try await sendOnAThreadOfItsOwn(prepared, before: sendBy)
             }
         } catch {
             loop.perform { pending.finish(.failure(error)) }
@@ -380,18 +380,18 @@ extension PKSendPort {
         return try result.get()
     }
 
-    /// Sends `message` on a thread of its own, which the task awaits: for a send that waits
-    /// for room. A thread of Swift concurrency's pool blocked there could be the one the
-    /// consumer that makes room needs (a port read with `messages()`, whose consumer is a
-    /// task): requests from more tasks than the pool has threads would then wait for their
-    /// deadlines. A thread that cannot be started leaves the send to the task's own.
-    private func sendOnAThreadOfItsOwn(_ message: PKPortMessage, before deadline: PKDeadline) async throws(PKError) {
-        let target = self
+    /// Queues a message `sendUnlessQueueFull` prepared (the port's queue was full) on a thread
+    /// of its own, which the task awaits. A thread of Swift concurrency's pool waiting for room
+    /// could be the one the consumer that makes room needs (a port read with `messages()`,
+    /// whose consumer is a task): requests from more tasks than the pool has threads would then
+    /// wait for their deadlines. A thread that cannot be started leaves the wait to the task's.
+    private func sendOnAThreadOfItsOwn(_ prepared: PreparedLocalSend, before deadline: PKDeadline) async throws(PKError) {
+        let target = self  // the right lives until the message is queued
         let outcome = HandOver<Result<Void, PKError>?>()
         await withCheckedContinuation { (sent: CheckedContinuation<Void, Never>) in
             do throws(PKError) {
                 _ = try SystemThread(name: "PortKit.send") {
-                    let result = Result { () throws(PKError) in try target.send(message, before: deadline) }
+                    let result = Result { () throws(PKError) in try target.sendPrepared(prepared, before: deadline) }
                     outcome.slot.withLock { $0 = result }
                     sent.resume()
                 }
@@ -401,7 +401,7 @@ extension PKSendPort {
             }
         }
         guard let result = outcome.slot.withLock({ $0 })! else {
-            return try send(message, before: deadline)
+            return try sendPrepared(prepared, before: deadline)
         }
         try result.get()
     }

@@ -19,6 +19,28 @@ extension PKReceivePort {
         // Moved into the mailbox, not copied: a copy would retain its components and reply port
         // here and release them again on the way out.
         var pending: PKPortMessage? = ports == 0 ? message : try Self.ownRights(for: message, before: deadline)
+        try enqueueOwned(&pending, bytes: bytes, epoch: epoch, before: deadline, waiting: true)
+    }
+
+    /// `enqueueLocal` for a sender that must not wait on its thread (an async request): queues
+    /// `message` if the mailbox has room now and returns nil; if it is full, returns the message
+    /// as it would be queued (checked, its ports the receiver's own rights already), for
+    /// `enqueueOwned` on a thread that may wait. (Making the rights again for a second try
+    /// would drop the first ones: a sender leaving a port, a right to answer spent.)
+    func enqueueLocalUnlessFull(_ message: consuming PKPortMessage, epoch: UInt64?, before deadline: PKDeadline) throws(PKError) -> (message: PKPortMessage, bytes: Int)? {
+        let (bytes, ports) = message.census
+        try checkLimits(message, dataBytes: bytes, ports: ports)
+        var pending: PKPortMessage? = ports == 0 ? message : try Self.ownRights(for: message, before: deadline)
+        try enqueueOwned(&pending, bytes: bytes, epoch: epoch, before: deadline, waiting: false)
+        guard let unsent = pending.take() else { return nil }
+        return (unsent, bytes)
+    }
+
+    /// Queues `pending` (checked, its rights made; `bytes` its data bytes), taking it out of
+    /// `pending`. While the mailbox is full it waits until `deadline`, or if not `waiting`
+    /// returns with the message still in `pending`.
+    @inline(__always)
+    func enqueueOwned(_ pending: inout PKPortMessage?, bytes: Int, epoch: UInt64?, before deadline: PKDeadline, waiting: Bool) throws(PKError) {
         while true {
             let outcome = try shared.withLock { state throws(PKError) -> MailboxOutcome in
                 guard state.isValid else { throw PKError(.invalidPort, "cannot send: the receive port was invalidated") }
@@ -44,6 +66,7 @@ extension PKReceivePort {
                 return
             case .full(let room, let ownThread):
                 defer { shared.withLock { $0.waitingSenders -= 1 } }
+                guard waiting else { return }
                 if ownThread {
                     throw PKError(.sendTimedOut, "the receive port's queue is full and it runs on this very thread, so waiting cannot help")
                 }
@@ -56,10 +79,6 @@ extension PKReceivePort {
             }
         }
     }
-
-    /// Whether an in-process send would wait for room now: the mailbox is full (by count, or
-    /// by bytes). Safe from any thread; it may change at once.
-    var mailboxIsFull: Bool { shared.withLock { !hasRoom($0, for: 0) } }
 
     /// Whether the mailbox takes a message of `bytes` data bytes now (one message always fits
     /// in an empty mailbox).
@@ -122,6 +141,18 @@ extension PKReceivePort {
             return messages
         }
     }
+}
+
+/// A message for a port of this process that found its queue full
+/// (`PKSendPort.sendUnlessQueueFull`): checked against the limits, its ports the receiver's own
+/// rights already, waiting to be queued by `PKSendPort.sendPrepared`.
+struct PreparedLocalSend: Sendable {
+    let port: PKReceivePort
+    /// The sending right's epoch, for a right of its own (`LocalRight`).
+    let epoch: UInt64?
+    let message: PKPortMessage
+    /// Its data bytes.
+    let bytes: Int
 }
 
 extension PKPortMessage {

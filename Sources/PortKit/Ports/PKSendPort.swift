@@ -233,15 +233,32 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         try send(PKPortMessage(msgid: msgid, components: components, replyPort: replyPort), before: deadline)
     }
 
-    /// Whether a send through this right would wait for room now, as far as can be told
-    /// without trying: for a port of this process, whether its queue is full. (Through a
-    /// connection, false: whether the socket takes a frame is known by writing it.)
-    var mayWaitForRoom: Bool {
+    /// For a sender that must not wait on its thread (an async request): through a right to a
+    /// port of this process, queues `message` if the port's queue has room now and returns
+    /// nil, or else returns it prepared (checked, its rights made) for `sendPrepared` on a
+    /// thread that may wait. Through a connection it sends as `send(_:before:)` does, waiting
+    /// for room on this thread if need be (whether a socket takes a frame is known by writing
+    /// it), and returns nil.
+    func sendUnlessQueueFull(_ message: consuming PKPortMessage, before deadline: PKDeadline) throws(PKError) -> PreparedLocalSend? {
         switch storage {
-        case .local(let port): port.mailboxIsFull
-        case .localRight(let right): right.port.mailboxIsFull
-        case .connection, .reply: false
+        case .local(let port):
+            return try port.enqueueLocalUnlessFull(message, epoch: nil, before: deadline)
+                .map { PreparedLocalSend(port: port, epoch: nil, message: $0.message, bytes: $0.bytes) }
+        case .localRight(let right):
+            guard !right.wasInvalidated else { throw PKError(.invalidPort, "cannot send: the send right was invalidated") }
+            return try right.port.enqueueLocalUnlessFull(message, epoch: right.epoch, before: deadline)
+                .map { PreparedLocalSend(port: right.port, epoch: right.epoch, message: $0.message, bytes: $0.bytes) }
+        case .connection, .reply:
+            try send(message, before: deadline)
+            return nil
         }
+    }
+
+    /// Queues a message `sendUnlessQueueFull` prepared, waiting for room until `deadline`.
+    /// The right must live meanwhile (a right of its own counts as the port's sender).
+    func sendPrepared(_ prepared: PreparedLocalSend, before deadline: PKDeadline) throws(PKError) {
+        var pending: PKPortMessage? = prepared.message
+        try prepared.port.enqueueOwned(&pending, bytes: prepared.bytes, epoch: prepared.epoch, before: deadline, waiting: true)
     }
 
     /// Whether the port can still receive: false once the receive port is gone or this right
