@@ -147,7 +147,7 @@ import PortKitZeroMQ
                 do throws(PKError) {
                     // The send deadline bounds every wait of this test: a starved pool runs
                     // nothing else until the requests give up.
-                    let reply = try await right.request(PKZMQMessage(msgid: id), sendTimeout: .seconds(30), receiveTimeout: .seconds(30))
+                    let reply = try await right.request(PKZMQMessage(msgid: id), sendTimeout: patience(.seconds(30)), receiveTimeout: patience(.seconds(30)))
                     replies.withLock { $0.append(reply.msgid) }
                 } catch {
                     failures.withLock { $0.append("\(error)") }
@@ -181,7 +181,7 @@ import PortKitZeroMQ
         }
         // Waits that suspend, not block: the request's task needs a thread of the pool.
         func awaitCondition(_ what: String, _ condition: () -> Bool) async throws {
-            let deadline = PKDeadline.after(.seconds(20))
+            let deadline = PKDeadline.after(patience(.seconds(20)))
             while !condition() {
                 if deadline.hasPassed { throw TestTimeout(what: what) }
                 try await Task.sleep(for: .milliseconds(5))

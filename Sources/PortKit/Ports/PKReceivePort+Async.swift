@@ -384,26 +384,23 @@ extension PKSendPort {
     /// of its own, which the task awaits. A thread of Swift concurrency's pool waiting for room
     /// could be the one the consumer that makes room needs (a port read with `messages()`,
     /// whose consumer is a task): requests from more tasks than the pool has threads would then
-    /// wait for their deadlines. A thread that cannot be started leaves the wait to the task's.
+    /// wait for their deadlines. Beyond `WaitingSendThreads.limit` such threads (or if none
+    /// can be started), the task's own thread waits.
     private func sendOnAThreadOfItsOwn(_ prepared: PreparedLocalSend, before deadline: PKDeadline) async throws(PKError) {
         let target = self  // the right lives until the message is queued
-        let outcome = HandOver<Result<Void, PKError>?>()
-        await withCheckedContinuation { (sent: CheckedContinuation<Void, Never>) in
-            do throws(PKError) {
-                _ = try SystemThread(name: "PortKit.send") {
-                    let result = Result { () throws(PKError) in try target.sendPrepared(prepared, before: deadline) }
-                    outcome.slot.withLock { $0 = result }
-                    sent.resume()
-                }
-            } catch {
-                outcome.slot.withLock { $0 = .some(nil) }
-                sent.resume()
+        let outcome = HandOver<Result<Void, PKError>>()
+        let started = await withCheckedContinuation { (sent: CheckedContinuation<Bool, Never>) in
+            let started = WaitingSendThreads.start(name: "PortKit.send") {
+                let result = Result { () throws(PKError) in try target.sendPrepared(prepared, before: deadline) }
+                outcome.slot.withLock { $0 = result }
+                sent.resume(returning: true)
             }
+            if !started { sent.resume(returning: false) }
         }
-        guard let result = outcome.slot.withLock({ $0 })! else {
-            return try sendPrepared(prepared, before: deadline)
-        }
-        try result.get()
+        guard started else { return try sendPrepared(prepared, before: deadline) }
+        // Taken under the lock the thread released (ThreadSanitizer does not see a
+        // continuation's hand-over).
+        try outcome.slot.withLock { $0 }!.get()
     }
 
     private static var cancelledRequest: PKError {

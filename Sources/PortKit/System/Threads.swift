@@ -3,6 +3,7 @@
 
 import CPortKit
 import Glibc
+import Synchronization
 
 /// A joinable thread running a Swift closure. `join(until:)` and `detach` are for one caller at
 /// a time (the owner: `PKWorkerThread.stop` lets one through).
@@ -86,4 +87,35 @@ package enum ProcessExit {
     private static func runAll() {
         for handler in handlers.withLock({ $0 }) { handler() }
     }
+}
+
+/// Threads that async requests wait on (one a request, while its send waits for room or for its
+/// connection), so that no thread of Swift concurrency's pool waits: at most `limit` at once.
+/// Beyond it, a request waits on its task's thread, as every one did before: many requests to a
+/// stalled receiver must not use up the user's threads (`RLIMIT_NPROC` counts them).
+package enum WaitingSendThreads {
+    package static let limit = 64
+    private static let running = Atomic<Int>(0)
+
+    /// Starts `body` on a thread of its own, unless `limit` such threads run or none can be
+    /// started; returns whether it did.
+    package static func start(name: String, _ body: @escaping @Sendable () -> Void) -> Bool {
+        guard running.add(1, ordering: .relaxed).newValue <= limit else {
+            running.subtract(1, ordering: .relaxed)
+            return false
+        }
+        do throws(PKError) {
+            _ = try SystemThread(name: name) {
+                body()
+                running.subtract(1, ordering: .relaxed)
+            }
+            return true
+        } catch {
+            running.subtract(1, ordering: .relaxed)
+            return false
+        }
+    }
+
+    /// Tests: how many run now.
+    static var runningForTests: Int { running.load(ordering: .relaxed) }
 }

@@ -146,25 +146,21 @@ private struct PendingRequest: Sendable {
         } catch {
             guard error.code == .sendTimedOut, !deadline.hasPassed else { throw error }
         }
-        let outcome = HandOver<Result<PendingRequest, PKError>?>()
-        await withCheckedContinuation { (made: CheckedContinuation<Void, Never>) in
-            do throws(PKError) {
-                _ = try SystemThread(name: "PortKitZeroMQ.request") {
-                    let result = Result { () throws(PKError) in try PendingRequest(port, message, waiter: waiter, before: deadline) }
-                    outcome.slot.withLock { $0 = result }
-                    made.resume()
-                }
-            } catch {
-                outcome.slot.withLock { $0 = .some(nil) }  // no thread: the task's own waits
-                made.resume()
+        let outcome = HandOver<Result<PendingRequest, PKError>>()
+        let started = await withCheckedContinuation { (made: CheckedContinuation<Bool, Never>) in
+            let started = WaitingSendThreads.start(name: "PortKitZMQ.send") {
+                let result = Result { () throws(PKError) in try PendingRequest(port, message, waiter: waiter, before: deadline) }
+                outcome.slot.withLock { $0 = result }
+                made.resume(returning: true)
             }
+            if !started { made.resume(returning: false) }
         }
+        // Beyond `WaitingSendThreads.limit` such threads (or with none to be had), the task's
+        // own thread waits.
+        guard started else { return try PendingRequest(port, message, waiter: waiter, before: deadline) }
         // Taken under the lock the thread released, which ThreadSanitizer sees (it does not
         // see a continuation's hand-over).
-        guard let result = outcome.slot.withLock({ $0 })! else {
-            return try PendingRequest(port, message, waiter: waiter, before: deadline)
-        }
-        return try result.get()
+        return try outcome.slot.withLock { $0 }!.get()
     }
 }
 

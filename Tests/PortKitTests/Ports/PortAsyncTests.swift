@@ -549,7 +549,7 @@ final class NumberedSender: Sendable {
             try await withThrowingTaskGroup(of: UInt32.self) { group in
                 for id in UInt32(0)..<count {
                     group.addTask {
-                        try await right.request(PKPortMessage(msgid: id), sendTimeout: .seconds(20), receiveTimeout: patience(.seconds(30))).msgid
+                        try await right.request(PKPortMessage(msgid: id), sendTimeout: patience(.seconds(20)), receiveTimeout: patience(.seconds(30))).msgid
                     }
                 }
                 var all: [UInt32] = []
@@ -560,6 +560,41 @@ final class NumberedSender: Sendable {
         #expect(replies.sorted() == Array(0..<count))
         port.invalidate()
         _ = await consumer.value
+    }
+
+    /// Async requests to a full port of this process wait on threads of their own, at most
+    /// `WaitingSendThreads.limit` at once; the rest wait on their tasks' threads (each request
+    /// started a thread: many requests to a stalled receiver could use up the user's threads).
+    /// In a child process of its own, so that the count is its requests' alone.
+    @Test func threadsForWaitingRequestsAreBounded() async {
+        await exitTestInTurn {
+            await #expect(processExitsWith: .success) {
+                var limits = PKPortLimits()
+                limits.maxQueuedMessages = 1
+                let port = PKReceivePort(limits: limits)  // never read: its queue stays full
+                let right = port.makeSendRight()
+                try? right.send(PKPortMessage(msgid: 0), timeout: .seconds(1))
+                let count = WaitingSendThreads.limit + 36
+                for id in 0..<count {
+                    Task { _ = try? await right.request(PKPortMessage(msgid: UInt32(id)), sendTimeout: patience(.seconds(60)), receiveTimeout: .seconds(1)) }
+                }
+                // Until the limit is reached (or 30 s, more under a sanitizer), then half a
+                // second more, in which no thread beyond it may start.
+                var most = 0
+                var watchUntil = PKDeadline.after(patience(.seconds(30)))
+                var reachedAt: PKDeadline?
+                while !watchUntil.hasPassed {
+                    most = max(most, WaitingSendThreads.runningForTests)
+                    if most >= WaitingSendThreads.limit && reachedAt == nil {
+                        reachedAt = .now
+                        watchUntil = .after(.milliseconds(500))
+                    }
+                    usleep(1_000)
+                }
+                let report = "at most \(most) threads waited for room, for \(count) requests"
+                endExitTest(report, failures: most == WaitingSendThreads.limit ? [] : [report])
+            }
+        }
     }
 
     @Test func concurrentAsyncRequests() async throws {
