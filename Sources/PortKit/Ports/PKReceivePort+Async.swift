@@ -302,9 +302,10 @@ extension PKSendPort {
     /// Cancelling the task ends the wait at once with `.cancelled`: the reply right it sent
     /// stops working, as when a request times out. (A send waiting for room still waits for its
     /// deadline. To a port of this process whose queue is full, it waits on a thread of its own,
-    /// so that a consumer of that port that is a task, `messages()`, keeps the threads it
-    /// needs to make room; through a connection, whose waits cannot be foreseen, on the task's.
-    /// Cancelling the task does not end that wait.)
+    /// one of at most 64, or suspended until one is free, so that a consumer of that port that
+    /// is a task, `messages()`, keeps the threads it needs to make room; through a connection,
+    /// whose waits cannot be foreseen, on the task's. Cancelling the task does not end that
+    /// wait.)
     ///
     /// - Throws: `PKError` with `.sendTimedOut`, `.receiveTimedOut`, `.invalidPort`,
     ///   `.portInvalidated`, `.transport` or `.limitExceeded`, as `sendRequest`; `.cancelled`
@@ -381,23 +382,21 @@ extension PKSendPort {
     }
 
     /// Queues a message `sendUnlessQueueFull` prepared (the port's queue was full) on a thread
-    /// of its own, which the task awaits. A thread of Swift concurrency's pool waiting for room
-    /// could be the one the consumer that makes room needs (a port read with `messages()`,
-    /// whose consumer is a task): requests from more tasks than the pool has threads would then
-    /// wait for their deadlines. Beyond `WaitingSendThreads.limit` such threads (or if none
-    /// can be started), the task's own thread waits.
+    /// of its own (`WaitingSendThreads`), which the task awaits. A thread of Swift
+    /// concurrency's pool waiting for room could be the one the consumer that makes room needs
+    /// (a port read with `messages()`, whose consumer is a task): requests from more tasks than
+    /// the pool has threads would then wait for their deadlines.
     private func sendOnAThreadOfItsOwn(_ prepared: PreparedLocalSend, before deadline: PKDeadline) async throws(PKError) {
+        // Past its deadline, the send fails at once: no thread to wait on.
+        if deadline.hasPassed { return try sendPrepared(prepared, before: deadline) }
         let target = self  // the right lives until the message is queued
         let outcome = HandOver<Result<Void, PKError>>()
-        let started = await withCheckedContinuation { (sent: CheckedContinuation<Bool, Never>) in
-            let started = WaitingSendThreads.start(name: "PortKit.send") {
-                let result = Result { () throws(PKError) in try target.sendPrepared(prepared, before: deadline) }
-                outcome.slot.withLock { $0 = result }
-                sent.resume(returning: true)
-            }
-            if !started { sent.resume(returning: false) }
+        let ran = await WaitingSendThreads.run(name: "PortKit.send") {
+            let result = Result { () throws(PKError) in try target.sendPrepared(prepared, before: deadline) }
+            outcome.slot.withLock { $0 = result }
         }
-        guard started else { return try sendPrepared(prepared, before: deadline) }
+        // No thread to be had: the task's own waits.
+        guard ran else { return try sendPrepared(prepared, before: deadline) }
         // Taken under the lock the thread released (ThreadSanitizer does not see a
         // continuation's hand-over).
         try outcome.slot.withLock { $0 }!.get()

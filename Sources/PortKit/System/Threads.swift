@@ -3,7 +3,6 @@
 
 import CPortKit
 import Glibc
-import Synchronization
 
 /// A joinable thread running a Swift closure. `join(until:)` and `detach` are for one caller at
 /// a time (the owner: `PKWorkerThread.stop` lets one through).
@@ -90,32 +89,68 @@ package enum ProcessExit {
 }
 
 /// Threads that async requests wait on (one a request, while its send waits for room or for its
-/// connection), so that no thread of Swift concurrency's pool waits: at most `limit` at once.
-/// Beyond it, a request waits on its task's thread, as every one did before: many requests to a
-/// stalled receiver must not use up the user's threads (`RLIMIT_NPROC` counts them).
+/// connection), so that no thread of Swift concurrency's pool waits: at most `limit` at once,
+/// since many requests to a stalled receiver must not use up the user's threads
+/// (`RLIMIT_NPROC` counts them). A request beyond the limit is suspended, in turn, until one
+/// ends: it blocks no thread either (a blocked pool thread could be the one that the work that
+/// makes room needs).
 package enum WaitingSendThreads {
     package static let limit = 64
-    private static let running = Atomic<Int>(0)
 
-    /// Starts `body` on a thread of its own, unless `limit` such threads run or none can be
-    /// started; returns whether it did.
-    package static func start(name: String, _ body: @escaping @Sendable () -> Void) -> Bool {
-        guard running.add(1, ordering: .relaxed).newValue <= limit else {
-            running.subtract(1, ordering: .relaxed)
-            return false
-        }
-        do throws(PKError) {
-            _ = try SystemThread(name: name) {
-                body()
-                running.subtract(1, ordering: .relaxed)
+    private struct State {
+        var running = 0
+        /// Requests waiting for a thread, first come first served.
+        var waiting: [CheckedContinuation<Void, Never>] = []
+    }
+    private static let state = PKMutex(State())
+
+    /// Runs `body` on a thread of its own, once fewer than `limit` such threads run, and
+    /// returns when it has run. Returns false, having run nothing, if no thread could be
+    /// started (the caller then runs it).
+    package static func run(name: String, _ body: @escaping @Sendable () -> Void) async -> Bool {
+        await takeSlot()
+        return await withCheckedContinuation { (done: CheckedContinuation<Bool, Never>) in
+            do throws(PKError) {
+                _ = try SystemThread(name: name) {
+                    body()
+                    giveBackSlot()
+                    done.resume(returning: true)
+                }
+            } catch {
+                giveBackSlot()
+                done.resume(returning: false)
             }
-            return true
-        } catch {
-            running.subtract(1, ordering: .relaxed)
-            return false
         }
     }
 
-    /// Tests: how many run now.
-    static var runningForTests: Int { running.load(ordering: .relaxed) }
+    private static func takeSlot() async {
+        await withCheckedContinuation { (slot: CheckedContinuation<Void, Never>) in
+            let now = state.withLock { state -> Bool in
+                guard state.running < limit else {
+                    state.waiting.append(slot)
+                    return false
+                }
+                state.running += 1
+                return true
+            }
+            if now { slot.resume() }
+        }
+    }
+
+    /// Passes the slot to the first request waiting for one, or frees it.
+    private static func giveBackSlot() {
+        let next = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            guard !state.waiting.isEmpty else {
+                state.running -= 1
+                return nil
+            }
+            return state.waiting.removeFirst()
+        }
+        next?.resume()
+    }
+
+    /// Tests: how many threads run, and how many requests wait for one.
+    static var countsForTests: (running: Int, waiting: Int) {
+        state.withLock { ($0.running, $0.waiting.count) }
+    }
 }

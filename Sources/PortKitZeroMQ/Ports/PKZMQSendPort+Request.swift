@@ -59,10 +59,13 @@ extension PKZMQSendPort {
     /// Sends `message` and awaits the reply: the async form of
     /// `sendRequest(_:sendTimeout:receiveTimeout:)`. No thread of the task's pool waits: a
     /// request that must wait for the connection, for room, or for the reply endpoint's
-    /// address waits up to `sendTimeout` on a thread of its own, and the reply is awaited.
+    /// address waits up to `sendTimeout` on a thread of its own (one of at most 64 for all
+    /// async requests of the process, or suspended until one is free), and the reply is
+    /// awaited.
     ///
-    /// Cancelling the task ends the wait at once with `.cancelled` (a reply that comes later
-    /// is dropped); a task cancelled before the call sends nothing.
+    /// Cancelling the task ends the wait for the reply at once with `.cancelled` (a reply that
+    /// comes later is dropped); a task cancelled before the call sends nothing. It does not end
+    /// a wait for the connection or for room (bounded by `sendTimeout`).
     ///
     /// - Throws: as `sendRequest`, except `.interrupted` (no loop of the caller's runs);
     ///   `.cancelled` if the task was cancelled before the reply came.
@@ -147,17 +150,12 @@ private struct PendingRequest: Sendable {
             guard error.code == .sendTimedOut, !deadline.hasPassed else { throw error }
         }
         let outcome = HandOver<Result<PendingRequest, PKError>>()
-        let started = await withCheckedContinuation { (made: CheckedContinuation<Bool, Never>) in
-            let started = WaitingSendThreads.start(name: "PortKitZMQ.send") {
-                let result = Result { () throws(PKError) in try PendingRequest(port, message, waiter: waiter, before: deadline) }
-                outcome.slot.withLock { $0 = result }
-                made.resume(returning: true)
-            }
-            if !started { made.resume(returning: false) }
+        let ran = await WaitingSendThreads.run(name: "PortKitZMQ.send") {
+            let result = Result { () throws(PKError) in try PendingRequest(port, message, waiter: waiter, before: deadline) }
+            outcome.slot.withLock { $0 = result }
         }
-        // Beyond `WaitingSendThreads.limit` such threads (or with none to be had), the task's
-        // own thread waits.
-        guard started else { return try PendingRequest(port, message, waiter: waiter, before: deadline) }
+        // No thread to be had: the task's own waits.
+        guard ran else { return try PendingRequest(port, message, waiter: waiter, before: deadline) }
         // Taken under the lock the thread released, which ThreadSanitizer sees (it does not
         // see a continuation's hand-over).
         return try outcome.slot.withLock { $0 }!.get()

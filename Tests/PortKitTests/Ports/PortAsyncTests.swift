@@ -544,7 +544,9 @@ final class NumberedSender: Sendable {
                 try? message.replyPort?.send(PKPortMessage(msgid: message.msgid), timeout: .seconds(5))
             }
         }
-        let count = UInt32(4 * max(2, sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+        // More than the threads it may wait on, too (`WaitingSendThreads.limit`): the rest wait
+        // for one, suspended.
+        let count = UInt32(WaitingSendThreads.limit + 4 * max(2, sysconf(Int32(_SC_NPROCESSORS_ONLN))))
         let replies = try await withDeadline(.seconds(60), "every reply") {
             try await withThrowingTaskGroup(of: UInt32.self) { group in
                 for id in UInt32(0)..<count {
@@ -563,9 +565,9 @@ final class NumberedSender: Sendable {
     }
 
     /// Async requests to a full port of this process wait on threads of their own, at most
-    /// `WaitingSendThreads.limit` at once; the rest wait on their tasks' threads (each request
-    /// started a thread: many requests to a stalled receiver could use up the user's threads).
-    /// In a child process of its own, so that the count is its requests' alone.
+    /// `WaitingSendThreads.limit` at once; the rest wait, suspended, for one of them (each
+    /// request started a thread: many requests to a stalled receiver could use up the user's
+    /// threads). In a child process of its own, so that the counts are its requests' alone.
     @Test func threadsForWaitingRequestsAreBounded() async {
         await exitTestInTurn {
             await #expect(processExitsWith: .success) {
@@ -578,21 +580,26 @@ final class NumberedSender: Sendable {
                 for id in 0..<count {
                     Task { _ = try? await right.request(PKPortMessage(msgid: UInt32(id)), sendTimeout: patience(.seconds(60)), receiveTimeout: .seconds(1)) }
                 }
-                // Until the limit is reached (or 30 s, more under a sanitizer), then half a
-                // second more, in which no thread beyond it may start.
-                var most = 0
+                // Until every request waits (on a thread, or for one; or 30 s, more under a
+                // sanitizer), then half a second more, in which no thread beyond the limit may
+                // start.
+                var mostRunning = 0
+                var mostWaiting = 0
                 var watchUntil = PKDeadline.after(patience(.seconds(30)))
-                var reachedAt: PKDeadline?
+                var allWaiting = false
                 while !watchUntil.hasPassed {
-                    most = max(most, WaitingSendThreads.runningForTests)
-                    if most >= WaitingSendThreads.limit && reachedAt == nil {
-                        reachedAt = .now
+                    let (running, waiting) = WaitingSendThreads.countsForTests
+                    mostRunning = max(mostRunning, running)
+                    mostWaiting = max(mostWaiting, waiting)
+                    if running + waiting == count && !allWaiting {
+                        allWaiting = true
                         watchUntil = .after(.milliseconds(500))
                     }
                     usleep(1_000)
                 }
-                let report = "at most \(most) threads waited for room, for \(count) requests"
-                endExitTest(report, failures: most == WaitingSendThreads.limit ? [] : [report])
+                let report = "for \(count) requests, at most \(mostRunning) threads waited for room, and \(mostWaiting) requests for a thread"
+                let bounded = mostRunning == WaitingSendThreads.limit && mostWaiting == count - WaitingSendThreads.limit
+                endExitTest(report, failures: bounded ? [] : [report])
             }
         }
     }
