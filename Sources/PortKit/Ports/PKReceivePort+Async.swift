@@ -355,7 +355,7 @@ extension PKSendPort {
         do throws(PKError) {
             let sendBy = PKDeadline.after(sendTimeout)
             if let prepared = try sendUnlessQueueFull(request, before: sendBy) {
-                try await sendOnAThreadOfItsOwn(prepared, before: sendBy)
+                try await Self.queueOnAThreadOfItsOwn(prepared, before: sendBy)
             }
         } catch {
             loop.perform { pending.finish(.failure(error)) }
@@ -386,31 +386,20 @@ extension PKSendPort {
     /// concurrency's pool waiting for room could be the one the consumer that makes room needs
     /// (a port read with `messages()`, whose consumer is a task): requests from more tasks than
     /// the pool has threads would then wait for their deadlines.
-    private func sendOnAThreadOfItsOwn(_ prepared: PreparedLocalSend, before deadline: PKDeadline) async throws(PKError) {
+    private static func queueOnAThreadOfItsOwn(_ prepared: PreparedLocalSend, before deadline: PKDeadline) async throws(PKError) {
         // Past its deadline, the send fails at once: no thread to wait on.
-        if deadline.hasPassed { return try sendPrepared(prepared, before: deadline) }
-        let target = self  // the right lives until the message is queued
-        let outcome = HandOver<Result<Void, PKError>>()
-        let ran = await WaitingSendThreads.run(name: "PortKit.send") {
-            let result = Result { () throws(PKError) in try target.sendPrepared(prepared, before: deadline) }
-            outcome.slot.withLock { $0 = result }
+        if deadline.hasPassed { return try prepared.queue(before: deadline) }
+        let result = await WaitingSendThreads.run(name: "PortKit.send") {
+            Result { () throws(PKError) in try prepared.queue(before: deadline) }
         }
         // No thread to be had: the task's own waits.
-        guard ran else { return try sendPrepared(prepared, before: deadline) }
-        // Taken under the lock the thread released (ThreadSanitizer does not see a
-        // continuation's hand-over).
-        try outcome.slot.withLock { $0 }!.get()
+        guard let result else { return try prepared.queue(before: deadline) }
+        try result.get()
     }
 
     private static var cancelledRequest: PKError {
         PKError(.cancelled, "the task was cancelled while waiting for the reply")
     }
-}
-
-/// Passes a value from the background loop to the awaiting task under a lock, so that
-/// ThreadSanitizer sees the hand-over (it does not see a continuation's).
-private final class HandOver<Value: Sendable>: Sendable {
-    let slot = PKMutex<Value?>(nil)
 }
 
 /// One async request's state; touched only on the background loop's thread.

@@ -145,14 +145,23 @@ extension PKReceivePort {
 
 /// A message for a port of this process that found its queue full
 /// (`PKSendPort.sendUnlessQueueFull`): checked against the limits, its ports the receiver's own
-/// rights already, waiting to be queued by `PKSendPort.sendPrepared`.
+/// rights already, waiting to be queued.
 struct PreparedLocalSend: Sendable {
+    /// The right it is sent through, held until it is queued (a right of its own counts as one
+    /// of the port's senders).
+    let right: PKSendPort
     let port: PKReceivePort
     /// The sending right's epoch, for a right of its own (`LocalRight`).
     let epoch: UInt64?
     let message: PKPortMessage
     /// Its data bytes.
     let bytes: Int
+
+    /// Queues the message, waiting for room until `deadline`.
+    func queue(before deadline: PKDeadline) throws(PKError) {
+        var pending: PKPortMessage? = message
+        try port.enqueueOwned(&pending, bytes: bytes, epoch: epoch, before: deadline, waiting: true)
+    }
 }
 
 extension PKPortMessage {

@@ -235,30 +235,23 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
 
     /// For a sender that must not wait on its thread (an async request): through a right to a
     /// port of this process, queues `message` if the port's queue has room now and returns
-    /// nil, or else returns it prepared (checked, its rights made) for `sendPrepared` on a
-    /// thread that may wait. Through a connection it sends as `send(_:before:)` does, waiting
+    /// nil, or else returns it prepared (checked, its rights made) to be queued on a thread
+    /// that may wait (`PreparedLocalSend.queue(before:)`). Through a connection it sends as `send(_:before:)` does, waiting
     /// for room on this thread if need be (whether a socket takes a frame is known by writing
     /// it), and returns nil.
     func sendUnlessQueueFull(_ message: consuming PKPortMessage, before deadline: PKDeadline) throws(PKError) -> PreparedLocalSend? {
         switch storage {
         case .local(let port):
             return try port.enqueueLocalUnlessFull(message, epoch: nil, before: deadline)
-                .map { PreparedLocalSend(port: port, epoch: nil, message: $0.message, bytes: $0.bytes) }
+                .map { PreparedLocalSend(right: self, port: port, epoch: nil, message: $0.message, bytes: $0.bytes) }
         case .localRight(let right):
             guard !right.wasInvalidated else { throw PKError(.invalidPort, "cannot send: the send right was invalidated") }
             return try right.port.enqueueLocalUnlessFull(message, epoch: right.epoch, before: deadline)
-                .map { PreparedLocalSend(port: right.port, epoch: right.epoch, message: $0.message, bytes: $0.bytes) }
+                .map { PreparedLocalSend(right: self, port: right.port, epoch: right.epoch, message: $0.message, bytes: $0.bytes) }
         case .connection, .reply:
             try send(message, before: deadline)
             return nil
         }
-    }
-
-    /// Queues a message `sendUnlessQueueFull` prepared, waiting for room until `deadline`.
-    /// The right must live meanwhile (a right of its own counts as the port's sender).
-    func sendPrepared(_ prepared: PreparedLocalSend, before deadline: PKDeadline) throws(PKError) {
-        var pending: PKPortMessage? = prepared.message
-        try prepared.port.enqueueOwned(&pending, bytes: prepared.bytes, epoch: prepared.epoch, before: deadline, waiting: true)
     }
 
     /// Whether the port can still receive: false once the receive port is gone or this right

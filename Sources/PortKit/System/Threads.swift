@@ -105,14 +105,17 @@ package enum WaitingSendThreads {
     private static let state = PKMutex(State())
 
     /// Runs `body` on a thread of its own, once fewer than `limit` such threads run, and
-    /// returns when it has run. Returns false, having run nothing, if no thread could be
-    /// started (the caller then runs it).
-    package static func run(name: String, _ body: @escaping @Sendable () -> Void) async -> Bool {
+    /// returns its value. Returns nil, having run nothing, if no thread could be started (the
+    /// caller then runs it).
+    package static func run<Value: Sendable>(name: String, _ body: @escaping @Sendable () -> Value) async -> Value? {
         await takeSlot()
-        return await withCheckedContinuation { (done: CheckedContinuation<Bool, Never>) in
+        // The value goes under a lock, which ThreadSanitizer sees (not a continuation's hand-over).
+        let outcome = HandOver<Value>()
+        let ran = await withCheckedContinuation { (done: CheckedContinuation<Bool, Never>) in
             do throws(PKError) {
                 _ = try SystemThread(name: name) {
-                    body()
+                    let value = body()
+                    outcome.slot.withLock { $0 = value }
                     giveBackSlot()
                     done.resume(returning: true)
                 }
@@ -121,6 +124,7 @@ package enum WaitingSendThreads {
                 done.resume(returning: false)
             }
         }
+        return ran ? outcome.slot.withLock { $0 } : nil
     }
 
     private static func takeSlot() async {
@@ -153,4 +157,10 @@ package enum WaitingSendThreads {
     static var countsForTests: (running: Int, waiting: Int) {
         state.withLock { ($0.running, $0.waiting.count) }
     }
+}
+
+/// Passes a value from one thread to a task awaiting it under a lock, so that ThreadSanitizer
+/// sees the hand-over (it does not see a continuation's).
+final class HandOver<Value: Sendable>: Sendable {
+    let slot = PKMutex<Value?>(nil)
 }

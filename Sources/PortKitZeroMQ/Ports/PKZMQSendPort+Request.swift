@@ -149,22 +149,13 @@ private struct PendingRequest: Sendable {
         } catch {
             guard error.code == .sendTimedOut, !deadline.hasPassed else { throw error }
         }
-        let outcome = HandOver<Result<PendingRequest, PKError>>()
-        let ran = await WaitingSendThreads.run(name: "PortKitZMQ.send") {
-            let result = Result { () throws(PKError) in try PendingRequest(port, message, waiter: waiter, before: deadline) }
-            outcome.slot.withLock { $0 = result }
+        let result = await WaitingSendThreads.run(name: "PortKitZMQ.send") {
+            Result { () throws(PKError) in try PendingRequest(port, message, waiter: waiter, before: deadline) }
         }
         // No thread to be had: the task's own waits.
-        guard ran else { return try PendingRequest(port, message, waiter: waiter, before: deadline) }
-        // Taken under the lock the thread released, which ThreadSanitizer sees (it does not
-        // see a continuation's hand-over).
-        return try outcome.slot.withLock { $0 }!.get()
+        guard let result else { return try PendingRequest(port, message, waiter: waiter, before: deadline) }
+        return try result.get()
     }
-}
-
-/// Passes a value from another thread to an awaiting task under a lock.
-private final class HandOver<Value: Sendable>: Sendable {
-    let slot = ZMQMutex<Value?>(nil)
 }
 
 /// A one-shot signal a task awaits; `fire` from any thread, any number of times.

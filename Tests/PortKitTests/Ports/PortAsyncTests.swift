@@ -561,7 +561,7 @@ final class NumberedSender: Sendable {
         }
         #expect(replies.sorted() == Array(0..<count))
         port.invalidate()
-        _ = await consumer.value
+        try await withDeadline(.seconds(30), "the consumer to end") { await consumer.value }
     }
 
     /// Async requests to a full port of this process wait on threads of their own, at most
