@@ -31,12 +31,13 @@ public enum PKZMQEndpoint {
     /// - Parameters:
     ///   - name: 1 to 64 characters from `A-Z a-z 0-9 . _ -`, not starting with a dot, not ending
     ///     in `.sock`, `.sock.new` or `.lock`.
-    ///   - directory: the name directory; `PKNameServer`'s default when `nil`.
+    ///   - directory: the name directory (a trailing `/` or `/.` dropped, as `PKNameServer`
+    ///     drops it); `PKNameServer`'s default when `nil`.
     /// - Throws: `.badName`, or `.unsafeDirectory` if the directory breaks the name server's rules.
     public static func ipc(name: String, directory: String? = nil) throws(PKError) -> String {
-        let directory = directory ?? PKNameServer.shared.directory
-        let path = try ipcSocketPath(name: name, directory: directory)
-        try FileInfo.ensurePrivateDirectory(directory)
+        let directory = NameDirectory(path: directory ?? PKNameServer.shared.directory)
+        let path = try ipcSocketPath(name: name, directory: directory.path)
+        try directory.ensureSafe()
         let endpoint = "ipc://\(path)"
         _ = try ZMQEndpoint(parsing: endpoint)
         return endpoint

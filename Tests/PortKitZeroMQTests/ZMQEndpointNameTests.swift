@@ -37,6 +37,29 @@ import PortKit
         }
     }
 
+    /// Something other than a regular file at an endpoint's lock path (a FIFO) is refused as
+    /// an unsafe directory, at once, as the name server refuses it for a name (it was taken
+    /// for a lock file changing hands, 16 times over, and reported as in use).
+    @Test func aLockPathThatIsNoRegularFileIsRefused() throws {
+        let directory = TemporaryDirectory()
+        #expect(mkfifo(directory.path + "/piped.lock", 0o600) == 0)
+        expectPKError(.unsafeDirectory) { _ = try PKZMQReceivePort(bindingTo: directory.endpoint("piped")) }
+        #expect(access(directory.path + "/piped", F_OK) != 0, "nothing was bound")
+    }
+
+    /// A name directory given with a trailing `/` is checked as the name server checks it:
+    /// without following a link (`lstat` of `link/` follows the link, and passed it for a
+    /// real directory).
+    @Test func aNameDirectoryThatIsALinkIsRefusedWithATrailingSlash() throws {
+        let directory = TemporaryDirectory()
+        let real = directory.path + "/real", link = directory.path + "/link"
+        #expect(mkdir(real, 0o700) == 0)
+        #expect(symlink(real, link) == 0)
+        for given in [link, link + "/", link + "/."] {
+            expectPKError(.unsafeDirectory) { _ = try PKZMQEndpoint.ipc(name: "x", directory: given) }
+        }
+        #expect(try PKZMQEndpoint.ipc(name: "x", directory: real + "/") == "ipc://\(real)/x")
+    }
 
     @Test func ipcNamesCannotTakeTheNameServersFiles() throws {
         let directory = TemporaryDirectory()

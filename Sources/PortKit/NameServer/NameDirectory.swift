@@ -1,13 +1,14 @@
 // The name server's directory: where it is, the rules that make it safe to use, and how a
 // name maps to its socket and lock file. Pure path logic plus the safety check.
 
-/// The per-user directory that holds registered names (protocol.md section 1.1).
-struct NameDirectory: Sendable {
-    let path: String
+/// The per-user directory that holds registered names (protocol.md section 1.1). `package`:
+/// PortKitZeroMQ's `ipc://` endpoints of names live there too.
+package struct NameDirectory: Sendable {
+    package let path: String
 
     /// The directory at `path`, without trailing `/` and `/.` (through which `lstat` would
     /// follow a link: `link/` would pass for a real directory).
-    init(path: String) {
+    package init(path: String) {
         var path = path
         while true {
             if path.utf8.count > 2, path.hasSuffix("/.") {
@@ -65,7 +66,7 @@ struct NameDirectory: Sendable {
 
     /// Makes the directory if it is missing (mode 0700), then refuses it unless it is a real
     /// directory (not a link), owned by this user, and closed to group and others.
-    func ensureSafe() throws(PKError) {
+    package func ensureSafe() throws(PKError) {
         var status = try Files.status(path)
         if status == nil {
             _ = try Files.makeDirectory(path, permissions: 0o700)

@@ -1,20 +1,15 @@
-// One registered name: the lock file held for the owner's whole life, and the listening
-// socket whose connections become senders of the port.
+// One registered name: the name's claim (`SocketFileClaim`: its lock file, held for the
+// owner's whole life) and the listening socket whose connections become senders of the port.
 //
-// Registering: take the lock (flock, never waiting); with it held, remove a stale socket only
-// if lstat shows a socket of ours that refuses a connection (one that accepts has a live owner
-// whose lock file was removed from outside); bind a staging socket, listen, and rename it into
-// place, so a name appears only when it already accepts connections. Unregistering undoes it
-// in reverse, removing the socket and the lock file only if they are still its own.
+// Registering: claim the name (which removes a dead owner's socket); bind a staging socket,
+// listen, and rename it into place, so a name appears only when it already accepts
+// connections. Unregistering undoes it in reverse: the claim removes the socket and the lock
+// file only if they are still its own.
 
 final class NameRegistration {
     let name: String
-    let directory: NameDirectory
-    private let lockFD: Int32
-    /// The lock file's inode: `end` removes the file at the path only if it is still this one.
-    private let lockInode: UInt64
+    private let claim: SocketFileClaim
     private let listenFD: Int32
-    private let socketInode: UInt64
     private var listener: PKDescriptorSource?
     /// Resumes accepting after descriptors ran out.
     private var resumeTimer: PKTimer?
@@ -29,29 +24,25 @@ final class NameRegistration {
     init(name: String, port: PKReceivePort, directory: NameDirectory) throws(PKError) {
         let paths = try directory.paths(for: name)
         try directory.ensureSafe()
-        let (lockFD, lockInode) = try Self.takeLock(paths.lock, name: name)
+        let claim = try SocketFileClaim(socketPath: paths.socket, lockPath: paths.lock, subject: "the port name \"\(name)\"")
         do throws(PKError) {
-            try Self.removeStale(paths.socket, name: name)
-            try Self.removeStale(paths.staging, name: name)
+            try claim.removeStale(paths.staging)
             let listenFD = try Socket.listen(at: paths.staging)
             do throws(PKError) {
-                let inode = try Files.status(of: listenFD).inode
                 try Files.rename(paths.staging, paths.socket)
+                claim.recordSocket()
                 self.listenFD = listenFD
-                self.socketInode = try Files.status(paths.socket)?.inode ?? inode
             } catch {
                 Descriptor.close(listenFD)
                 _ = try? Files.unlink(paths.staging)
                 throw error
             }
         } catch {
-            Descriptor.close(lockFD)
+            claim.release()
             throw error
         }
         self.name = name
-        self.directory = directory
-        self.lockFD = lockFD
-        self.lockInode = lockInode
+        self.claim = claim
         self.anchor = port.anchor
         let source = PKDescriptorSource(descriptor: listenFD, events: .readable) { [weak self] _ in
             self?.acceptWaiting()
@@ -109,8 +100,8 @@ final class NameRegistration {
         port?.runLoop?.assertOwner(function)
     }
 
-    /// Removes the name: the socket file (if it is still ours), the listener, the lock file,
-    /// then the lock. Loop-only; idempotent.
+    /// Removes the name: the listening socket, then the claim (the socket file and the lock
+    /// file, each if it is still ours, then the lock). Loop-only; idempotent.
     func end() {
         guard isActive else { return }
         isActive = false
@@ -120,71 +111,7 @@ final class NameRegistration {
         resumeTimer = nil
         if let listener, let port { port.detachCompanion(listener) } else { listener?.invalidate() }
         listener = nil
-        let socketPath = directory.socketPath(name)
-        if let status = try? Files.status(socketPath), status.kind == .socket, status.inode == socketInode {
-            _ = try? Files.unlink(socketPath)
-        }
         Descriptor.close(listenFD)
-        // Unlink the lock file while holding the lock (if it is still ours: someone may have
-        // removed it, and a new owner made another); a registrant that opened the old file
-        // notices (its inode no longer matches the path) and tries again.
-        let lockPath = directory.lockPath(name)
-        if let status = try? Files.status(lockPath), status.inode == lockInode { _ = try? Files.unlink(lockPath) }
-        Descriptor.close(lockFD)
-    }
-
-    /// Opens and locks the lock file; fails at once if a live owner holds it. Returns the
-    /// descriptor and the file's inode.
-    private static func takeLock(_ path: String, name: String) throws(PKError) -> (Int32, UInt64) {
-        for _ in 0..<16 {
-            let fd = try Files.openLockFile(path)
-            let locked: Bool
-            do throws(PKError) { locked = try Files.tryLock(fd) } catch {
-                Descriptor.close(fd)
-                throw error
-            }
-            guard locked else {
-                Descriptor.close(fd)
-                throw PKError(.nameInUse, "the port name \"\(name)\" is registered by a live owner")
-            }
-            // The lock counts only if the file we locked is still the one at the path.
-            let held = try? Files.status(of: fd)
-            let current: FileStatus?
-            do throws(PKError) { current = try Files.status(path) } catch {
-                Descriptor.close(fd)
-                throw error
-            }
-            if let held, let current, held.inode == current.inode {
-                guard current.kind == .regular else {
-                    Descriptor.close(fd)
-                    throw PKError(.unsafeDirectory, "\(path) is in the way of the name \"\(name)\" and is not a regular file; PortKit will not use it")
-                }
-                return (fd, held.inode)
-            }
-            Descriptor.close(fd)
-        }
-        throw PKError(.nameInUse, "the port name \"\(name)\" is changing hands too fast to register")
-    }
-
-    /// With the lock held: removes a leftover socket of a dead owner, only if it is a socket of
-    /// ours that accepts no connection. One that accepts (or whose backlog is full) has a live
-    /// owner, whose lock file was removed from outside (a cleaner of `/tmp`, a user's `rm`):
-    /// the name is in use, not taken over.
-    private static func removeStale(_ path: String, name: String) throws(PKError) {
-        guard let status = try Files.status(path) else { return }
-        guard status.kind == .socket, status.owner == Socket.effectiveUserID else {
-            throw PKError(.unsafeDirectory, "\(path) is in the way of the name \"\(name)\" and is not a socket of this user's; PortKit will not remove it")
-        }
-        switch SocketFileProbe.probe(path) {
-        case .live:
-            throw PKError(.nameInUse, "the port name \"\(name)\" is registered by a live owner (its lock file is missing)")
-        case .stale:
-            try Files.unlink(path)
-        case .gone:
-            return
-        case .unknown(let error):
-            // Not known to be stale: left as it is.
-            throw error
-        }
+        claim.release()
     }
 }

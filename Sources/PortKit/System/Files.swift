@@ -145,35 +145,6 @@ extension Socket {
     }
 }
 
-/// What a connect to a socket file says of its owner, for a claimant that holds the name's lock
-/// and finds a socket file in the way (the name server's, and PortKitZeroMQ's `ipc://`
-/// endpoints'): with the lock held, a socket file should be a dead owner's leftover, unless
-/// the live owner's lock file was removed from outside (a cleaner of `/tmp`, a user's `rm`).
-package enum SocketFileProbe {
-    /// A listener accepts, or its backlog is full: the owner lives.
-    case live
-    /// Nothing listens there (ECONNREFUSED): a dead owner's leftover, safe to remove.
-    case stale
-    /// No file there any more.
-    case gone
-    /// Not known: the probe itself failed (out of descriptors, say).
-    case unknown(PKError)
-
-    /// Connects to `path` and hangs up at once (the owner's listener, if any, sees a connection
-    /// end before its greeting).
-    package static func probe(_ path: String) -> SocketFileProbe {
-        switch Socket.connect(to: path) {
-        case .success(let probe):
-            Descriptor.close(probe)
-            return .live
-        case .failure(.busy): return .live
-        case .failure(.refused): return .stale
-        case .failure(.noSuchName): return .gone
-        case .failure(.system(let error)): return .unknown(error)
-        }
-    }
-}
-
 /// inotify(7): waiting for a name to appear in a directory without polling.
 enum Inotify {
     /// An inotify instance watching `directory` for new entries.

@@ -46,7 +46,7 @@ final class ZMQInbox: @unchecked Sendable {
         var closedEvents: ZMQSocket?
         /// Frames received so far (the tests tell batches from single messages by it).
         var framesReceived = 0
-        var claims: [EndpointClaim] = []
+        var claims: [SocketFileClaim] = []
         /// The endpoints bound, as libzmq resolved them.
         var bound: [String] = []
         /// The same, as they were asked for (`tcp://localhost:5555` resolves to 127.0.0.1).
@@ -203,8 +203,14 @@ final class ZMQInbox: @unchecked Sendable {
         }
     }
 
+    /// Binds the socket to `endpoint`. An `ipc://` path is claimed first (`SocketFileClaim`,
+    /// under `<path>.lock`, the name server's lock for a name in its directory): libzmq's bind
+    /// unlinks whatever socket file is at the path, so a second binder would silently take a
+    /// live owner's endpoint.
     private func bindOnce(_ endpoint: ZMQEndpoint) throws(PKError) -> String {
-        let claim = try endpoint.socketFile.map { path throws(PKError) in try EndpointClaim(socketPath: path) }
+        let claim = try endpoint.socketFile.map { path throws(PKError) in
+            try SocketFileClaim(socketPath: path, lockPath: path + ".lock", subject: "the endpoint ipc://\(path)")
+        }
         var wake: (@Sendable () -> Void)?
         defer { wake?() }
         return try io.mutex.withLock { io throws(PKError) -> String in
@@ -222,7 +228,7 @@ final class ZMQInbox: @unchecked Sendable {
                 throw error
             }
             if let claim {
-                claim.recordBoundSocket()
+                claim.recordSocket()
                 io.claims.append(claim)
             }
             let resolved = socket.lastEndpoint
