@@ -65,15 +65,12 @@ let package = Package(
             dependencies: ["PortKit"],
             path: "Tests/PortKitTestPeer"
         ),
-        // The ZeroMQ transport (trait `ZeroMQ`): libzmq through pkg-config, a module that depends
+        // The ZeroMQ transport (trait `ZeroMQ`): libzmq from the system's include and library paths
+        // (Debian's libzmq3-dev; not through pkg-config, whose libzmq.pc gives flags that SwiftPM
+        // refuses with a warning at every build), a module that depends
         // on the core (never the reverse), and its tests and peer processes. Without the trait
         // every file of these targets compiles to nothing and nothing needs libzmq.
-        .systemLibrary(
-            name: "CZeroMQ",
-            path: "Sources/CZeroMQ",
-            pkgConfig: "libzmq",
-            providers: [.apt(["libzmq3-dev"])]
-        ),
+        .systemLibrary(name: "CZeroMQ", path: "Sources/CZeroMQ"),
         .target(
             name: "PortKitZeroMQ",
             dependencies: [
@@ -105,7 +102,9 @@ let package = Package(
                 .target(name: "CZeroMQ", condition: .when(traits: ["ZeroMQ"])),
             ],
             path: "Tests/PortKitZMQCPeer",
-            cSettings: [.define("PORTKIT_ZEROMQ", .when(traits: ["ZeroMQ"]))]
+            cSettings: [.define("PORTKIT_ZEROMQ", .when(traits: ["ZeroMQ"]))],
+            // A C target includes CZeroMQ's header; the module's `link "zmq"` is for importers.
+            linkerSettings: [.linkedLibrary("zmq", .when(traits: ["ZeroMQ"]))]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -31,15 +31,12 @@ let package = Package(
             linkerSettings: [.linkedLibrary("pthread")]
         ),
         // libzmq, for the raw libzmq baselines.
-        .systemLibrary(
-            name: "CLibZMQ",
-            pkgConfig: "libzmq",
-            providers: [.apt(["libzmq3-dev"])]
-        ),
+        .systemLibrary(name: "CLibZMQ"),
         .target(
             name: "CZMQBench",
             dependencies: ["CBench", "CLibZMQ"],
-            cSettings: [.define("_GNU_SOURCE"), .unsafeFlags(["-O2"])]
+            cSettings: [.define("_GNU_SOURCE"), .unsafeFlags(["-O2"])],
+            linkerSettings: [.linkedLibrary("zmq")]
         ),
         // The workloads, PortKit's and the baselines' wrappers, shared by the benchmarks and by
         // the `pkbench` helper (peer processes, callgrind runs, memory, Foundation).

@@ -46,11 +46,7 @@ let package = Package(
             dependencies: ["CPortKit", .product(name: "Logging", package: "swift-log")],
             swiftSettings: [.unsafeFlags(["-enable-testing"])]
         ),
-        .systemLibrary(
-            name: "CZeroMQ",
-            pkgConfig: "libzmq",
-            providers: [.apt(["libzmq3-dev"])]
-        ),
+        .systemLibrary(name: "CZeroMQ"),
         .target(
             name: "PortKitZeroMQ",
             dependencies: ["PortKit", "CZeroMQ", .product(name: "Logging", package: "swift-log")],

@@ -5,6 +5,9 @@
 #ifndef CZEROMQ_H
 #define CZEROMQ_H
 
+#if !__has_include(<zmq.h>)
+#error "the ZeroMQ trait needs libzmq's headers: apt-get install libzmq3-dev"
+#endif
 #include <zmq.h>
 #include <sys/eventfd.h>
 
