@@ -301,11 +301,12 @@ extension PKSendPort {
     ///
     /// Cancelling the task ends the wait at once with `.cancelled`: the reply right it sent
     /// stops working, as when a request times out. (A send waiting for room still waits for its
-    /// deadline. To a port of this process whose queue is full, it waits on a thread of its own,
-    /// one of at most 64, or suspended until one is free, so that a consumer of that port that
-    /// is a task, `messages()`, keeps the threads it needs to make room; through a connection,
-    /// whose waits cannot be foreseen, on the task's. Cancelling the task does not end that
-    /// wait.)
+    /// deadline. A request its receiver cannot take at once, a port of this process whose queue
+    /// is full or a socket with no room, waits on a thread of its own, one of at most 64, or
+    /// suspended until one is free, so that a consumer of that port that is a task,
+    /// `messages()`, keeps the threads it needs to make room. Cancelling the task does not end
+    /// that wait. A port the message carries that is a connection has its ATTACH_SENDER
+    /// written on the task's thread, which may wait for room there.)
     ///
     /// - Throws: `PKError` with `.sendTimedOut`, `.receiveTimedOut`, `.invalidPort`,
     ///   `.portInvalidated`, `.transport` or `.limitExceeded`, as `sendRequest`; `.cancelled`
@@ -355,7 +356,7 @@ extension PKSendPort {
         do throws(PKError) {
             let sendBy = PKDeadline.after(sendTimeout)
             if let prepared = try sendUnlessQueueFull(request, before: sendBy) {
-                try await Self.queueOnAThreadOfItsOwn(prepared, before: sendBy)
+                try await Self.sendOnAThreadOfItsOwn(prepared, before: sendBy)
             }
         } catch {
             loop.perform { pending.finish(.failure(error)) }
@@ -381,19 +382,19 @@ extension PKSendPort {
         return try result.get()
     }
 
-    /// Queues a message `sendUnlessQueueFull` prepared (the port's queue was full) on a thread
+    /// Sends a message `sendUnlessQueueFull` prepared (its receiver had no room) on a thread
     /// of its own (`WaitingSendThreads`), which the task awaits. A thread of Swift
     /// concurrency's pool waiting for room could be the one the consumer that makes room needs
     /// (a port read with `messages()`, whose consumer is a task): requests from more tasks than
     /// the pool has threads would then wait for their deadlines.
-    private static func queueOnAThreadOfItsOwn(_ prepared: PreparedLocalSend, before deadline: PKDeadline) async throws(PKError) {
+    private static func sendOnAThreadOfItsOwn(_ prepared: PreparedSend, before deadline: PKDeadline) async throws(PKError) {
         // Past its deadline, the send fails at once: no thread to wait on.
-        if deadline.hasPassed { return try prepared.queue(before: deadline) }
+        if deadline.hasPassed { return try prepared.send(before: deadline) }
         let result = await WaitingSendThreads.run(name: "PortKit.send") {
-            Result { () throws(PKError) in try prepared.queue(before: deadline) }
+            Result { () throws(PKError) in try prepared.send(before: deadline) }
         }
         // No thread to be had: the task's own waits.
-        guard let result else { return try prepared.queue(before: deadline) }
+        guard let result else { return try prepared.send(before: deadline) }
         try result.get()
     }
 

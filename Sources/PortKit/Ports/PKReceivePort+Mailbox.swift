@@ -143,6 +143,51 @@ extension PKReceivePort {
     }
 }
 
+/// A message that its receiver could not take at once (`PKSendPort.sendUnlessQueueFull`),
+/// prepared to be sent by a thread that may wait for room.
+enum PreparedSend: Sendable {
+    case local(PreparedLocalSend)
+    case connection(PreparedConnectionSend)
+
+    /// Sends the message, waiting for room until `deadline`.
+    func send(before deadline: PKDeadline) throws(PKError) {
+        switch self {
+        case .local(let prepared): try prepared.queue(before: deadline)
+        case .connection(let prepared): try prepared.send(before: deadline)
+        }
+    }
+}
+
+/// A message through a connection (or an answer through a reply right) that the socket had no
+/// room for: its frame, checked, and its descriptors, made once, so that a send that waits for
+/// room and tries again makes no right twice (a second reply right, say, whose first copy,
+/// closed unsent, would tell the reply port its sender left). Owns the descriptors.
+final class PreparedConnectionSend: Sendable {
+    private let connection: SendConnection
+    private let replyRight: ReplyRight?
+    private let frame: WireFrame
+    private let descriptors: [Int32]
+
+    init(connection: SendConnection, reply replyRight: ReplyRight?, frame: WireFrame, descriptors: [Int32]) {
+        self.connection = connection
+        self.replyRight = replyRight
+        self.frame = frame
+        self.descriptors = descriptors
+    }
+
+    deinit { for fd in descriptors { Descriptor.close(fd) } }
+
+    /// Writes the frame, waiting for room until `deadline`; a timeout sends nothing, and the
+    /// message may be sent again.
+    func send(before deadline: PKDeadline) throws(PKError) {
+        if let replyRight {
+            try replyRight.send(frame, descriptors: descriptors, before: deadline)
+        } else {
+            try connection.write(frame, descriptors: descriptors, before: deadline)
+        }
+    }
+}
+
 /// A message for a port of this process that found its queue full
 /// (`PKSendPort.sendUnlessQueueFull`): checked against the limits, its ports the receiver's own
 /// rights already, waiting to be queued.

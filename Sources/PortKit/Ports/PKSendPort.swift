@@ -147,6 +147,23 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
             }
             return
         }
+        var transfers: [Int32] = []
+        defer { for fd in transfers { Descriptor.close(fd) } }
+        let frame = try checkedFrame(for: message, reply: replyRight, replyBackToken: replyBackToken, making: &transfers, before: deadline)
+        if let replyRight {
+            try replyRight.send(frame, descriptors: transfers, before: deadline)
+        } else {
+            try connection.write(frame, descriptors: transfers, before: deadline)
+        }
+    }
+
+    /// The frame of `message` (or of the answer through `replyRight`), checked against the
+    /// limits before anything is made (the receiver checks them again); then its descriptors,
+    /// made and appended to `transfers` (the caller closes them).
+    private static func checkedFrame(
+        for message: borrowing PKPortMessage, reply replyRight: ReplyRight?, replyBackToken: UInt16,
+        making transfers: inout [Int32], before deadline: PKDeadline
+    ) throws(PKError) -> WireFrame {
         // One data component is held inline: the frame makes no array.
         let components: WireComponents
         switch message.body {
@@ -156,22 +173,41 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         let frame = WireFrame(msgid: message.msgid, hasReplyPort: message.replyPort != nil,
                               repliesBack: replyBackToken != 0,
                               replyToken: replyRight?.ticket.token ?? replyBackToken, components: components)
-        // The sender checks the limits before making anything (the receiver checks them again).
         do throws(WireError) {
             try WireEncoder.check(frame, limits: PKPortLimits.default.wire, direction: replyRight == nil ? .toPort : .toRequester)
         } catch {
             throw overLimits(error)
         }
-        var transfers: [Int32] = []
-        defer { for fd in transfers { Descriptor.close(fd) } }
         // The usual message carries no port, nor a reply port: no descriptor to make.
         if frame.descriptorCount > 0 {
             try makeTransferDescriptors(for: message, into: &transfers, before: deadline)
         }
-        if let replyRight {
-            try replyRight.send(frame, descriptors: transfers, before: deadline)
-        } else {
-            try connection.write(frame, descriptors: transfers, before: deadline)
+        return frame
+    }
+
+    /// Writes `message` on `connection` (or answers through `replyRight`) if the socket takes it
+    /// now, and returns nil; or else returns it prepared (its frame checked, its descriptors made
+    /// once), for a thread that may wait to write (`PreparedConnectionSend.send(before:)`).
+    /// Making the descriptors may wait for room, until `deadline`, to write a port's
+    /// ATTACH_SENDER.
+    private static func writeUnlessFull(
+        _ message: borrowing PKPortMessage, to connection: SendConnection, reply replyRight: ReplyRight?,
+        before deadline: PKDeadline
+    ) throws(PKError) -> PreparedConnectionSend? {
+        var transfers: [Int32] = []
+        let frame: WireFrame
+        do throws(PKError) {
+            frame = try checkedFrame(for: message, reply: replyRight, replyBackToken: 0, making: &transfers, before: deadline)
+        } catch {
+            for fd in transfers { Descriptor.close(fd) }
+            throw error
+        }
+        let prepared = PreparedConnectionSend(connection: connection, reply: replyRight, frame: frame, descriptors: transfers)
+        do throws(PKError) {
+            try prepared.send(before: .distantPast)
+            return nil
+        } catch where error.code == .sendTimedOut {
+            return prepared  // nothing was sent: the socket had no room
         }
     }
 
@@ -233,24 +269,25 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         try send(PKPortMessage(msgid: msgid, components: components, replyPort: replyPort), before: deadline)
     }
 
-    /// For a sender that must not wait on its thread (an async request): through a right to a
-    /// port of this process, queues `message` if the port's queue has room now and returns
-    /// nil, or else returns it prepared (checked, its rights made) to be queued on a thread
-    /// that may wait (`PreparedLocalSend.queue(before:)`). Through a connection it sends as `send(_:before:)` does, waiting
-    /// for room on this thread if need be (whether a socket takes a frame is known by writing
-    /// it), and returns nil.
-    func sendUnlessQueueFull(_ message: consuming PKPortMessage, before deadline: PKDeadline) throws(PKError) -> PreparedLocalSend? {
+    /// For a sender that must not wait on its thread (an async request): sends `message` if
+    /// the receiver takes it now (a port of this process with room in its queue, a socket with
+    /// room) and returns nil, or else returns it prepared (checked, its rights made once) to be
+    /// sent by a thread that may wait (`PreparedSend.send(before:)`). Making its rights may
+    /// still wait on this thread, until `deadline`: a port in it that is a connection writes
+    /// its ATTACH_SENDER there.
+    func sendUnlessQueueFull(_ message: consuming PKPortMessage, before deadline: PKDeadline) throws(PKError) -> PreparedSend? {
         switch storage {
         case .local(let port):
             return try port.enqueueLocalUnlessFull(message, epoch: nil, before: deadline)
-                .map { PreparedLocalSend(right: self, port: port, epoch: nil, message: $0.message, bytes: $0.bytes) }
+                .map { .local(PreparedLocalSend(right: self, port: port, epoch: nil, message: $0.message, bytes: $0.bytes)) }
         case .localRight(let right):
             guard !right.wasInvalidated else { throw PKError(.invalidPort, "cannot send: the send right was invalidated") }
             return try right.port.enqueueLocalUnlessFull(message, epoch: right.epoch, before: deadline)
-                .map { PreparedLocalSend(right: self, port: right.port, epoch: right.epoch, message: $0.message, bytes: $0.bytes) }
-        case .connection, .reply:
-            try send(message, before: deadline)
-            return nil
+                .map { .local(PreparedLocalSend(right: self, port: right.port, epoch: right.epoch, message: $0.message, bytes: $0.bytes)) }
+        case .connection(let connection):
+            return try Self.writeUnlessFull(message, to: connection, reply: nil, before: deadline).map(PreparedSend.connection)
+        case .reply(let right):
+            return try Self.writeUnlessFull(message, to: right.writer, reply: right, before: deadline).map(PreparedSend.connection)
         }
     }
 

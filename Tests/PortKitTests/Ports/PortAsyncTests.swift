@@ -539,13 +539,41 @@ final class NumberedSender: Sendable {
         defer { port.invalidate() }
         let stream = try port.messages(bufferLimit: 1)
         let right = port.makeSendRight()
+        try await Self.requestMoreThanThreads(through: right, answeredFrom: stream, of: port)
+    }
+
+    /// The same through a connection whose socket is full (its send buffer made small, and
+    /// the port reads no more while its queue is full): each request's send waited for room
+    /// on its task's thread, with more requests than the pool has threads the consumer got
+    /// none, and the requests failed with `.sendTimedOut`. Now a request the socket cannot
+    /// take at once waits on a thread of its own, with its rights made once (a reply right
+    /// made again and the first closed unsent would tell the reply port its sender left).
+    @Test func requestsThroughAFullConnectionLeaveThePoolToItsConsumer() async throws {
+        var limits = PKPortLimits()
+        limits.maxQueuedMessages = 1
+        let port = PKReceivePort(limits: limits)
+        defer { port.invalidate() }
+        let stream = try port.messages(bufferLimit: 1)
+        let fd = try port.makeTransferDescriptor()
+        var size: Int32 = 4096
+        #expect(setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size)) == 0)
+        let right = PKSendPort(connection: SendConnection(takingOwnershipOf: fd))
+        defer { right.invalidate() }
+        try await Self.requestMoreThanThreads(through: right, answeredFrom: stream, of: port)
+    }
+
+    /// Sends async requests through `right` from more tasks than Swift concurrency's pool has
+    /// threads, and than the threads requests may wait on (`WaitingSendThreads.limit`: the rest
+    /// wait for one, suspended), to `port`, whose consumer, a task reading `stream`, answers
+    /// each; expects every reply, then invalidates the port.
+    private static func requestMoreThanThreads(
+        through right: PKSendPort, answeredFrom stream: PKPortMessageSequence, of port: PKReceivePort
+    ) async throws {
         let consumer = Task {
             for await message in stream {
                 try? message.replyPort?.send(PKPortMessage(msgid: message.msgid), timeout: .seconds(5))
             }
         }
-        // More than the threads it may wait on, too (`WaitingSendThreads.limit`): the rest wait
-        // for one, suspended.
         let count = UInt32(WaitingSendThreads.limit + 4 * max(2, sysconf(Int32(_SC_NPROCESSORS_ONLN))))
         let replies = try await withDeadline(.seconds(60), "every reply") {
             try await withThrowingTaskGroup(of: UInt32.self) { group in
