@@ -30,8 +30,9 @@ public struct PKIOEvents: OptionSet, Hashable, Sendable {
 public final class PKDescriptorSource: @unchecked Sendable {
     /// The watched descriptor.
     public let descriptor: Int32
-    /// The events watched. `[]` stops watching (not even hang-up) until set again.
-    public var events: PKIOEvents {
+    /// The events watched. `[]` stops watching (not even hang-up) until set again. (Loop-only,
+    /// as the source is: its loop reads it for each event, unchecked.)
+    @exclusivity(unchecked) public var events: PKIOEvents {
         didSet { if events != oldValue { loop?.descriptorEventsChanged(self) } }
     }
     /// Whether the source is still on a loop or can be added to one.

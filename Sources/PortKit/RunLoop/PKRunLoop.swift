@@ -131,6 +131,12 @@ public final class PKRunLoop: @unchecked Sendable {
     @exclusivity(unchecked) private var deferredSignalled: [PKCustomSource] = []
     /// The other half of `doorbell.signalledQueue`'s buffer, swapped in under the lock.
     @exclusivity(unchecked) private var spareSignalled: [PKCustomSource] = []
+    /// The signalled sources the innermost pass that performs sources took, and, from
+    /// `signalledCursor` on, has not looked at yet: a nested run, in one of their performs,
+    /// takes the rest (a source of its mode signalled in the same batch would otherwise wait,
+    /// its signal taken, until the nested run ended).
+    @exclusivity(unchecked) private var signalledBatch: [PKCustomSource] = []
+    @exclusivity(unchecked) private var signalledCursor = 0
     /// The other half of `invalidatedSources`' buffer.
     @exclusivity(unchecked) private var spareInvalidated: [PKCustomSource] = []
     /// The record of the mode the innermost run is in; `nil` when the loop is not running.
@@ -474,8 +480,11 @@ public final class PKRunLoop: @unchecked Sendable {
         let previous = currentRecord
         currentRecord = record
         // Signalled sources of this mode may have been skipped while another mode ran: those
-        // wait in `deferredSignalled`. (Every other signal sets the hint itself.)
-        if !deferredSignalled.isEmpty { doorbell.signalHint.store(true, ordering: .releasing) }
+        // wait in `deferredSignalled`; and a nested run in a source's perform looks at the rest
+        // of the outer pass's batch. (Every other signal sets the hint itself.)
+        if !deferredSignalled.isEmpty || signalledCursor < signalledBatch.count {
+            doorbell.signalHint.store(true, ordering: .releasing)
+        }
         if runDepth == 0 { waits &+= 1 }
         runDepth += 1
         defer {
@@ -584,12 +593,16 @@ public final class PKRunLoop: @unchecked Sendable {
     private func runPasses(_ record: ModeRecord, _ deadline: PKDeadline, _ returnAfter: Bool) -> PKRunLoopRunResult {
         let mode = record.mode
         let capacity = EventBuffer.capacity
-        if eventBuffers.count < runDepth { addEventBuffer() }
+        // (A while: a run nested in an entry observer of the first run comes before that run made
+        // its buffer.)
+        while eventBuffers.count < runDepth { addEventBuffer() }
         let buffer = eventBuffers[runDepth - 1]
         let readyEvents = buffer.events
         let readyTokens = buffer.tokens
         // A stop requested while the loop was not running ends this run before it does anything.
         if takeStopRequest() { return .stopped }
+        // Whether this run has looked at its timers and descriptors (a pass's wait, or poll).
+        var looked = false
         while true {
             passNumber &+= 1
             if !parkedSources.isEmpty { registerParkedSources(for: mode) }
@@ -598,9 +611,14 @@ public final class PKRunLoop: @unchecked Sendable {
             // A block performed counts as a handled source, as `performSelector:onThread:`'s
             // source does in Apple's loop (Listing 3-14's worker loop ends on one).
             var handledSource = runPerformBlocks(mode)
-            if performCustomSources(record) { handledSource = true }
+            if performCustomSources(record, returnAfter) { handledSource = true }
             if runPerformBlocks(mode) { handledSource = true }
-            if handledSource && returnAfter { return .handledSource }
+            // A run that returns after a source has looked at its timers and descriptors first,
+            // as `CFRunLoop`'s does (it polls, fires due timers, and handles one ready
+            // descriptor source): a loop run once a message, whose sources are always signalled
+            // again by the time it runs, would otherwise never fire a timer or read a socket.
+            // The guide's round trip waited for its message, and returns at once.
+            if handledSource && returnAfter && looked { return .handledSource }
 
             let pollOnly = handledSource || hasPendingWork(mode)
             armTimer(for: record)
@@ -648,6 +666,7 @@ public final class PKRunLoop: @unchecked Sendable {
             if timeout != 0 { waits &+= 1 }
             let count = epoll < 0 ? 0 : (try? Epoll.wait(epoll, events: readyEvents, tokens: readyTokens, capacity: capacity, timeoutMilliseconds: timeout)) ?? 0
             if sleeps { notifyObservers(.afterWaiting, record) }
+            looked = true
 
             for index in 0..<count {
                 switch readyTokens[index] {
@@ -668,12 +687,14 @@ public final class PKRunLoop: @unchecked Sendable {
             // Due timers first (even if the timerfd has not been read yet), then ready
             // descriptor sources, as the pass above documents.
             fireDueTimers(record)
+            var handledDescriptor = false
             for index in 0..<count where readyTokens[index] >= Token.firstSource && readyTokens[index] & Token.blockedWrite == 0 {
-                if handledSource && returnAfter { break }
+                if handledDescriptor && returnAfter { break }
                 if handleDescriptorEvent(token: readyTokens[index], mask: readyEvents[index], mode: mode) {
-                    handledSource = true
+                    handledDescriptor = true
                 }
             }
+            if handledDescriptor { handledSource = true }
             if runPerformBlocks(mode) { handledSource = true }
 
             if handledSource && returnAfter { return .handledSource }
@@ -898,13 +919,15 @@ public final class PKRunLoop: @unchecked Sendable {
     /// before it is taken, since most passes find it clear, and a load is cheaper than a call
     /// and a locked exchange (as for a stop request).
     @inline(__always)
-    private func performCustomSources(_ record: ModeRecord) -> Bool {
-        doorbell.signalHint.load(ordering: .relaxed) && performSignalledSources(record)
+    private func performCustomSources(_ record: ModeRecord, _ returnAfter: Bool) -> Bool {
+        doorbell.signalHint.load(ordering: .relaxed) && performSignalledSources(record, returnAfter)
     }
 
     /// `performCustomSources` once the hint is set: takes it, and performs what was signalled.
+    /// With `returnAfter`, only the first that performs (as `CFRunLoop` does when a run returns
+    /// after a source): the rest stay signalled for the next pass.
     @inline(never)
-    private func performSignalledSources(_ record: ModeRecord) -> Bool {
+    private func performSignalledSources(_ record: ModeRecord, _ returnAfter: Bool) -> Bool {
         guard doorbell.signalHint.exchange(false, ordering: .acquiringAndReleasing) else { return false }
         // The spare buffer is moved, not copied, into the queue: a copy is a retain and a
         // release, and it would leave the queue's buffer shared until the end, so that a
@@ -917,24 +940,76 @@ public final class PKRunLoop: @unchecked Sendable {
             candidates.append(contentsOf: deferredSignalled)
             deferredSignalled.removeAllKeepingStorage()
         }
+        // In a nested run: what the outer pass took and has not looked at yet.
+        if signalledCursor < signalledBatch.count { takeRestOfBatch(into: &candidates) }
         defer {
             candidates.removeAllKeepingStorage()
             swap(&spareSignalled, &candidates)
         }
+        // Usually one: a port's message. No rest for a nested run to find, nor to leave.
+        if candidates.count == 1 { return perform(candidates[0], record) }
+        return performBatch(&candidates, record, returnAfter)
+    }
+
+    /// Performs `source` if it is still signalled, valid and in the running mode. Checked now,
+    /// not when taken: an earlier callback may have removed it from the mode. One in another
+    /// mode waits in `deferredSignalled`; one in no mode any more is let go (it stays
+    /// signalled: adding it to a mode again queues it again), not deferred, where it would be
+    /// kept, and looked at every run, for as long as the loop lives.
+    @inline(__always)
+    private func perform(_ source: PKCustomSource, _ record: ModeRecord) -> Bool {
+        guard source.isSignalled && source.isValid else { return false }
+        guard source.modes.contains(record.mode) else {
+            if !source.modes.isEmpty { deferredSignalled.append(source) }
+            return false
+        }
+        return source.performIfSignalled()
+    }
+
+    /// Performs several signalled sources, in their order, from `signalledBatch`, where a
+    /// nested run in one of their performs finds the rest; the outer pass's batch (usually
+    /// none) waits in `candidates` meanwhile.
+    @inline(never)
+    private func performBatch(_ candidates: inout [PKCustomSource], _ record: ModeRecord, _ returnAfter: Bool) -> Bool {
         if candidates.count > 1 { orderCandidates(&candidates) }
+        swap(&signalledBatch, &candidates)
+        let outerCursor = signalledCursor
+        signalledCursor = 0
+        defer {
+            swap(&signalledBatch, &candidates)
+            signalledCursor = outerCursor
+        }
         var handled = false
-        for source in candidates where source.isSignalled && source.isValid {
-            // Checked now, not when taken: an earlier callback may have removed it from the mode.
-            // One in no mode any more is let go (it stays signalled: adding it to a mode again
-            // queues it again), not deferred, where it would be kept, and looked at every run,
-            // for as long as the loop lives.
-            guard source.modes.contains(record.mode) else {
-                if !source.modes.isEmpty { deferredSignalled.append(source) }
-                continue
+        while signalledCursor < signalledBatch.count {
+            let source = signalledBatch[signalledCursor]
+            signalledCursor += 1
+            guard perform(source, record) else { continue }
+            handled = true
+            if returnAfter {
+                if signalledCursor < signalledBatch.count { deferRestOfBatch() }
+                break
             }
-            if source.performIfSignalled() { handled = true }
         }
         return handled
+    }
+
+    /// Moves what the outer pass's batch has not looked at yet into `candidates` (a nested
+    /// run's), in front: they were signalled first. Out of line: nested runs are rare.
+    @inline(never)
+    private func takeRestOfBatch(into candidates: inout [PKCustomSource]) {
+        candidates.insert(contentsOf: signalledBatch[signalledCursor...], at: 0)
+        signalledBatch.removeSubrange(signalledCursor...)
+    }
+
+    /// A run that returns after one source leaves the rest of the batch for the next pass:
+    /// they wait with the deferred sources, which the hint makes the next pass look at (and a
+    /// hosted loop's host learns of them from its descriptor).
+    @inline(never)
+    private func deferRestOfBatch() {
+        deferredSignalled.append(contentsOf: signalledBatch[signalledCursor...])
+        signalledBatch.removeSubrange(signalledCursor...)
+        doorbell.signalHint.store(true, ordering: .releasing)
+        if hosted.load(ordering: .relaxed) { wakeUp() }
     }
 
     /// Sorts signalled sources by order (stable), each once.
@@ -1059,7 +1134,16 @@ public final class PKRunLoop: @unchecked Sendable {
             park(source)
             return false
         }
-        source.callHandler(PKDescriptorSource.events(fromEpoll: mask), self)
+        // Only what the source still watches: a handler earlier in this pass may have changed
+        // its events (`[]` stops watching, even hang-ups) after the wait reported them.
+        let watched = source.events
+        var events = PKDescriptorSource.events(fromEpoll: mask)
+        if !watched.isSuperset(of: events) {
+            guard !watched.isEmpty else { return false }
+            events.formIntersection(watched.union([.hangUp, .error]))
+            guard !events.isEmpty else { return false }
+        }
+        source.callHandler(events, self)
         return true
     }
 

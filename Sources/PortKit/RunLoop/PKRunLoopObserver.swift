@@ -49,9 +49,16 @@ public final class PKRunLoopObserver: @unchecked Sendable {
         loop?.noteInvalidation()
     }
 
+    /// Set while the handler runs: a run of the loop inside it (a nested run in a mode the
+    /// observer is in too) does not call it again, as `CFRunLoop` does not call a firing
+    /// observer (it recursed until the stack ran out). Loop-only.
+    private var isFiring = false
+
     func call(_ activity: PKRunLoopActivity) {
-        guard isValid, activities.contains(activity) else { return }
-        if !repeats { invalidate() }
+        guard isValid, !isFiring, activities.contains(activity) else { return }
+        isFiring = true
         handler(self, activity)
+        isFiring = false
+        if !repeats { invalidate() }
     }
 }
