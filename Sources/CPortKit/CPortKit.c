@@ -110,6 +110,7 @@ int pk_inotify_saw_name(int fd, const char *name) {
     }
 }
 
+#include <signal.h>
 #include <spawn.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -117,7 +118,11 @@ int pk_inotify_saw_name(int fd, const char *name) {
 extern char **environ;
 
 /// posix_spawn(3) of `path` with `argv` and `envp` (NULL: this process's environment); each
-/// `from[i]` descriptor becomes `to[i]` in the child (dup2 clears close-on-exec there).
+/// `from[i]` descriptor becomes `to[i]` in the child (dup2 clears close-on-exec there). The
+/// child starts as from a shell: no signal blocked, none ignored. Otherwise it would inherit
+/// the calling thread's mask (a thread of Swift concurrency's pool, or libdispatch's, blocks
+/// nearly every signal: a worker started from a task could be stopped by SIGKILL alone) and
+/// the signals this process ignores.
 int pk_spawn(pid_t *pid, const char *path, char *const argv[], char *const envp[],
              const int *from, const int *to, int count) {
     // Each source is first copied above every target (close-on-exec, in this process), so
@@ -132,13 +137,32 @@ int pk_spawn(pid_t *pid, const char *path, char *const argv[], char *const envp[
         copies[made] = fcntl(from[made], F_DUPFD_CLOEXEC, above + 1);
         if (copies[made] < 0) { rc = errno; break; }
     }
+    posix_spawnattr_t attributes;
+    int haveAttributes = 0;
+    if (rc == 0) {
+        sigset_t none, ignored;
+        sigemptyset(&none);
+        sigemptyset(&ignored);
+        for (int sig = 1; sig < NSIG; sig++) {
+            struct sigaction current;
+            if (sigaction(sig, NULL, &current) == 0 && current.sa_handler == SIG_IGN) sigaddset(&ignored, sig);
+        }
+        rc = posix_spawnattr_init(&attributes);
+        if (rc == 0) {
+            haveAttributes = 1;
+            rc = posix_spawnattr_setsigmask(&attributes, &none);
+        }
+        if (rc == 0) rc = posix_spawnattr_setsigdefault(&attributes, &ignored);
+        if (rc == 0) rc = posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    }
     posix_spawn_file_actions_t actions;
     if (rc == 0) rc = posix_spawn_file_actions_init(&actions);
     if (rc == 0) {
         for (int i = 0; i < count && rc == 0; i++) rc = posix_spawn_file_actions_adddup2(&actions, copies[i], to[i]);
-        if (rc == 0) rc = posix_spawn(pid, path, &actions, NULL, argv, envp ? envp : environ);
+        if (rc == 0) rc = posix_spawn(pid, path, &actions, &attributes, argv, envp ? envp : environ);
         posix_spawn_file_actions_destroy(&actions);
     }
+    if (haveAttributes) posix_spawnattr_destroy(&attributes);
     for (int i = 0; i < made; i++) close(copies[i]);
     return rc;
 }

@@ -15,6 +15,10 @@ enum Socket {
         return (fds[0], fds[1])
     }
 
+    /// Whether `fd` is an open Unix-domain stream socket. The corresponding calls are
+    /// `getsockopt(2)` `SO_DOMAIN` and `SO_TYPE`.
+    static func isUnixStream(_ fd: Int32) -> Bool { pk_is_unix_stream(fd) == 1 }
+
     /// Sends `bytes` with `descriptors` attached, without blocking and without SIGPIPE.
     /// The corresponding system call is `sendmsg(2)`, or `send(2)` when no descriptor goes
     /// (the kernel's `sendto` path takes the buffer as it is; `sendmsg` first copies a message

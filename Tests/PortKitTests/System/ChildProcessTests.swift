@@ -2,6 +2,7 @@
 // collide, and given the environment's bytes as they are.
 
 import CPortKit
+import Foundation
 import Glibc
 import Testing
 @testable import PortKit
@@ -81,6 +82,62 @@ import Testing
         let status = child.waitUntilExit(until: .after(.seconds(20)))
         #expect(String(decoding: Self.readAll(output.read), as: UTF8.self) == "one two")
         #expect(status?.code == 0)
+    }
+
+    /// A child starts as from a shell, with no signal blocked and none ignored, whatever the
+    /// thread that starts it blocks (a thread of Swift concurrency's pool blocks nearly every
+    /// signal: a worker started from a task could be stopped by SIGKILL alone) and whatever
+    /// this process ignores.
+    @Test func aChildStartsWithNoSignalBlockedOrIgnored() throws {
+        let output = try Self.pipeEnds()
+        defer { close(output.read) }
+        var ignoring = sigaction()
+        ignoring.__sigaction_handler.sa_handler = SIG_IGN
+        var previous = sigaction()
+        try #require(sigaction(SIGXFSZ, &ignoring, &previous) == 0)
+        let spawned = Locked<Result<ChildProcess, PKError>?>(nil)
+        let starter = TestThread(name: "blocking-starter") {
+            var blocked = sigset_t()
+            sigemptyset(&blocked)
+            sigaddset(&blocked, SIGTERM)
+            pthread_sigmask(SIG_BLOCK, &blocked, nil)
+            spawned.value = Result { () throws(PKError) in
+                try ChildProcess(path: "/bin/cat", arguments: ["/proc/self/status"], environment: [:], inherit: [(output.write, 1)])
+            }
+        }
+        try starter.joinPatiently()
+        sigaction(SIGXFSZ, &previous, nil)
+        close(output.write)
+        let child = try #require(spawned.value).get()
+        let status = String(decoding: Self.readAll(output.read), as: UTF8.self)
+        _ = child.waitUntilExit(until: .after(.seconds(20)))
+        func mask(_ name: String) -> UInt64? {
+            status.split(separator: "\n").first { $0.hasPrefix(name + ":") }
+                .flatMap { UInt64($0.dropFirst(name.count + 1).trimmingCharacters(in: .whitespaces), radix: 16) }
+        }
+        // Signal n is bit n - 1. Signals 32 and 33 are glibc's own (thread cancellation and
+        // set*id), which no program sees; the kernel shows them ignored after the exec.
+        let glibcOwn: UInt64 = 1 << 31 | 1 << 32
+        #expect(mask("SigBlk") == 0, "\(status)")
+        #expect(mask("SigIgn").map { $0 & ~glibcOwn } == 0, "\(status)")
+    }
+
+    /// A worker run with `PORTKIT_WORKER` set and no check-in connection on descriptor 3 (a
+    /// pipe there) fails its check-in with a message and an exit status, not a trap: the
+    /// descriptor is looked at before it is adopted.
+    @Test func aWorkerWithoutItsCheckInSocketFailsItsCheckIn() throws {
+        let stand = try Self.pipeEnds()
+        let errors = try Self.pipeEnds()
+        defer { close(stand.read); close(stand.write); close(errors.read) }
+        let child = try ChildProcess(
+            path: PeerProcess.executablePath, arguments: ["worker"], environment: ["PORTKIT_WORKER": "w:0"],
+            inherit: [(stand.read, 3), (errors.write, 2)])
+        close(errors.write)
+        let message = String(decoding: Self.readAll(errors.read), as: UTF8.self)
+        let status = child.waitUntilExit(until: .after(.seconds(20)))
+        #expect(status?.signal == 0)
+        #expect(status?.code == 2)
+        #expect(message.contains("descriptor 3, the check-in connection, is not an inherited Unix stream socket"), "\(message)")
     }
 
     /// An environment entry that is not UTF-8 reaches the child byte for byte. In a child
