@@ -211,3 +211,61 @@ int pk_prefer_throughput(void) {
 }
 
 int pk_is_throughput_thread(void) { return sched_getscheduler(0) == SCHED_BATCH; }
+
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/sock_diag.h>
+#include <linux/unix_diag.h>
+
+int pk_unix_peer_inode(unsigned long long inode, unsigned long long *peer) {
+    int nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (nl < 0) return -1;
+    struct {
+        struct nlmsghdr header;
+        struct unix_diag_req request;
+    } query;
+    memset(&query, 0, sizeof(query));
+    query.header.nlmsg_len = sizeof(query);
+    query.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    query.header.nlmsg_flags = NLM_F_REQUEST;
+    query.request.sdiag_family = AF_UNIX;
+    query.request.udiag_states = ~0U;
+    query.request.udiag_ino = (__u32)inode;
+    query.request.udiag_show = UDIAG_SHOW_PEER;
+    query.request.udiag_cookie[0] = ~0U;  // INET_DIAG_NOCOOKIE: look the socket up by inode alone
+    query.request.udiag_cookie[1] = ~0U;
+    struct sockaddr_nl kernel;
+    memset(&kernel, 0, sizeof(kernel));
+    kernel.nl_family = AF_NETLINK;
+    int result = -1;
+    if (sendto(nl, &query, sizeof(query), 0, (struct sockaddr *)&kernel, sizeof(kernel)) == (ssize_t)sizeof(query)) {
+        long buffer[512];
+        ssize_t n;
+        do { n = recv(nl, buffer, sizeof(buffer), 0); } while (n < 0 && errno == EINTR);
+        struct nlmsghdr *header = (struct nlmsghdr *)buffer;
+        if (n > 0 && NLMSG_OK(header, (size_t)n)) {
+            if (header->nlmsg_type == NLMSG_ERROR) {
+                struct nlmsgerr *error = (struct nlmsgerr *)NLMSG_DATA(header);
+                errno = error->error < 0 ? -error->error : EIO;
+            } else if (header->nlmsg_type == SOCK_DIAG_BY_FAMILY
+                       && header->nlmsg_len >= NLMSG_LENGTH(sizeof(struct unix_diag_msg))) {
+                struct unix_diag_msg *message = (struct unix_diag_msg *)NLMSG_DATA(header);
+                struct rtattr *attribute = (struct rtattr *)(message + 1);
+                int left = (int)(header->nlmsg_len - NLMSG_LENGTH(sizeof(*message)));
+                result = 0;
+                for (; RTA_OK(attribute, left); attribute = RTA_NEXT(attribute, left)) {
+                    if (attribute->rta_type == UNIX_DIAG_PEER && RTA_PAYLOAD(attribute) >= sizeof(__u32)) {
+                        *peer = *(__u32 *)RTA_DATA(attribute);
+                        result = 1;
+                    }
+                }
+            } else {
+                errno = EPROTO;
+            }
+        }
+    }
+    int saved = errno;
+    close(nl);
+    errno = saved;
+    return result;
+}

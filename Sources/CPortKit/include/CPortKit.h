@@ -164,6 +164,11 @@ int pk_spawn(pid_t *pid, const char *path, char *const argv[], char *const envp[
              const int *from, const int *to, int count);
 /// pidfd_open(2).
 int pk_pidfd_open(pid_t pid);
+
+/// The inode of the socket connected to the Unix socket whose inode is `inode`, through
+/// sock_diag(7) (`UDIAG_SHOW_PEER`): 1 with `*peer` set, 0 if it has no peer, -1 if the kernel
+/// would not say (no `NETLINK_SOCK_DIAG`, say), errno set.
+int pk_unix_peer_inode(unsigned long long inode, unsigned long long *peer);
 /// pipe2(2) with O_CLOEXEC: both ends close-on-exec from the start (a child spawned by another
 /// thread meanwhile inherits neither).
 int pk_pipe_cloexec(int fds[2]);

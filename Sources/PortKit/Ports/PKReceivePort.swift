@@ -746,7 +746,19 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         let fds = connection.attached
         connection.attached = []
         for fd in fds {
-            guard let adopted = adopt(fd, on: loop) else { continue }
+            let inode: UInt64
+            switch AttachedSockets.admit(fd) {
+            case .success(let admitted): inode = admitted
+            case .failure(let refusal):
+                Self.logger.notice("closing a sender handed over in ATTACH_SENDER: \(refusal)")
+                Descriptor.close(fd)
+                continue
+            }
+            guard let adopted = adopt(fd, on: loop) else {
+                AttachedSockets.release(inode)
+                continue
+            }
+            adopted.attachedInode = inode
             adopted.greetingDeadline = .after(limits.greetingTimeout)
             adopted.isListedAwaitingGreeting = true
             awaitingGreeting.append(adopted)

@@ -66,6 +66,8 @@ final class ReceiveConnection {
     private let maxQueuedBytes: Int
     /// Read ends announced by ATTACH_SENDER control frames, for the port to adopt.
     @exclusivity(unchecked) var attached: [Int32] = []
+    /// Handed over in ATTACH_SENDER: its inode, listed in `AttachedSockets` until it closes.
+    @exclusivity(unchecked) var attachedInode: UInt64?
     /// Writes this connection's reply channel: made for its first REPLY_BACK request.
     @exclusivity(unchecked) private var replyWriter: SendConnection?
     /// The latest REPLY_BACK request's answer: voided when the requester cancels it, or makes
@@ -131,6 +133,7 @@ final class ReceiveConnection {
         replyWriter?.abandon(reason: "the connection the request came in on has ended")
         replyWriter = nil
         Descriptor.close(fd)
+        if let attachedInode { AttachedSockets.release(attachedInode) }
     }
 
     func leave(_ loop: PKRunLoop, mode: PKRunLoopMode) {

@@ -227,6 +227,69 @@ import Testing
         #expect(outcome.got == [9])
     }
 
+    /// Both ends of one socketpair, each greeted, handed over in ATTACH_SENDER by a peer that
+    /// then closes its copies: each end kept the other from seeing the end of the stream, and
+    /// the port held both for as long as it lived (two descriptors a round, at no cost to the
+    /// peer). The second end is refused (its peer is a handed-over socket held here), the first
+    /// then sees the end of its stream, and the port holds the original sender alone.
+    @Test func bothEndsOfOnePairHandedOverAreNotKept() throws {
+        let (count, got) = try onLoopThread { loop -> (Int, [UInt32]) in
+            var got: [UInt32] = []
+            let port = PKReceivePort { got.append($0.msgid) }
+            try loop.add(port, forMode: .default)
+            defer { port.invalidate() }
+            let sender = try Self.greetedSender(to: port)
+            defer { Descriptor.close(sender) }
+            let (x, y) = try Socket.pair()
+            for fd in [x, y] { _ = try Socket.send(fd, ConnectionSetup.greeting, from: 0, descriptors: []) }
+            var frame: [UInt8] = []
+            WireEncoder.append(WireFrame.attachSender(), to: &frame)
+            for fd in [x, y] { _ = try Socket.send(sender, frame, from: 0, descriptors: [fd]) }
+            Descriptor.close(x)
+            Descriptor.close(y)
+            var message: [UInt8] = []
+            WireEncoder.append(WireFrame(msgid: 5), to: &message)
+            _ = try Socket.send(sender, message, from: 0, descriptors: [])
+            let deadline = PKDeadline.after(patience(.seconds(5)))
+            while (port.connectionCountForTests != 1 || got.isEmpty) && !deadline.hasPassed {
+                loop.run(in: .default, for: .milliseconds(10))
+            }
+            return (port.connectionCountForTests, got)
+        }
+        #expect(count == 1, "the port holds \(count) connections")
+        #expect(got == [5])
+    }
+
+    /// One socket handed over three times (three descriptors for it): the copies after the
+    /// first are refused at once, each held until its greeting timeout before.
+    @Test func oneSocketHandedOverTwiceIsKeptOnce() throws {
+        let count = try onLoopThread { loop -> Int in
+            let port = PKReceivePort()
+            try loop.add(port, forMode: .default)
+            defer { port.invalidate() }
+            let sender = try Self.greetedSender(to: port)
+            defer { Descriptor.close(sender) }
+            let (kept, handed) = try Socket.pair()
+            defer { Descriptor.close(kept) }
+            _ = try Socket.send(kept, ConnectionSetup.greeting, from: 0, descriptors: [])
+            var frame: [UInt8] = []
+            WireEncoder.append(WireFrame.attachSender(), to: &frame)
+            for _ in 0..<3 { _ = try Socket.send(sender, frame, from: 0, descriptors: [handed]) }
+            Descriptor.close(handed)
+            // Until the handed-over socket is adopted, then a few passes more.
+            let deadline = PKDeadline.after(patience(.seconds(5)))
+            var most = 0
+            var after = 0
+            while after < 5 && !deadline.hasPassed {
+                loop.run(in: .default, for: .milliseconds(10))
+                most = max(most, port.connectionCountForTests)
+                if most >= 2 { after += 1 }
+            }
+            return most
+        }
+        #expect(count == 2, "the port held \(count) connections at most")
+    }
+
     /// A sender handed over in ATTACH_SENDER whose greeting waits unread in its socket when the
     /// greeting timeout passes (the loop was held up: a pass fires due timers before it reads)
     /// is read, not dropped: a live sender was taken for a silent one.
