@@ -127,7 +127,9 @@ import Testing
             for id in UInt32(1)...3 { stream += RawPeer.frame(msgid: id, data: [UInt8(id)]) }
             #expect(peer.write(stream) == nil)
             try runLoop(loop, "the fresh right's message") { delivered.contains(9) }
-            let closed = peer.peerClosed
+            // Waited for, not looked at once: a child process another test is spawning holds a
+            // copy of every descriptor until its exec, and the peer sees the close only then.
+            let closed = (try? peer.waitUntilClosedByPort()) != nil
             runLoop(loop, for: .milliseconds(20))
             peer.close()
             port.invalidate()
