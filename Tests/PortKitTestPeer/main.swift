@@ -43,6 +43,8 @@
 //                                         give SELF up, re-register it ("name free"), kill the
 //                                         child and exit
 //   PortKitTestPeer worker                 serve as a PKWorkerProcess (echo)
+//   PortKitTestPeer launch-worker          launch this program as a PKWorkerProcess ("worker"),
+//                                         print "worker PID", then wait to be killed
 //   PortKitTestPeer checkin-by-name DIR MAIN SELF
 //                                         the guide's CFMessagePort check-in (Listings 3-17 to
 //                                         3-19): register SELF, send its name to MAIN as the
@@ -320,6 +322,17 @@ case "worker":
             context.port.handler = { echo($0, loop: loop) }
         }
     } catch { fail("worker: \(error)") }
+
+case "launch-worker":
+    var path = [UInt8](repeating: 0, count: 4096)
+    let length = readlink("/proc/self/exe", &path, path.count - 1)
+    guard length > 0 else { fail("launch-worker: no /proc/self/exe") }
+    do {
+        let worker = try PKWorkerProcess(
+            executable: String(decoding: path[..<length], as: UTF8.self), arguments: ["worker"], name: "grandchild", checkInTimeout: .seconds(60))
+        say("worker \(worker.processID)")
+        while true { pause() }  // until killed: the worker must then notice its launcher's death
+    } catch { fail("launch-worker: \(error)") }
 
 case "checkin-by-name":
     guard arguments.count == 4 else { fail("usage: checkin-by-name DIR MAIN SELF") }

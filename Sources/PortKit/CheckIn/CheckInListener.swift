@@ -70,13 +70,19 @@ final class CheckInListener {
 
     /// Runs the loop in the private mode until the worker checks in, ends, or `deadline` passes.
     ///
-    /// - Parameter keepOpen: keep the check-in port (and so the worker's connection to it) open
-    ///   after the check-in, until the listener is released: a worker process watches that
-    ///   connection to learn that its launcher died.
-    /// - Returns: the worker's port and its check-in data.
+    /// - Parameter keepOpen: keep the worker's connection to the check-in port open after the
+    ///   check-in: a worker process watches it to learn that its launcher died. The port itself
+    ///   is invalidated here, on its loop, either way; the connection is kept by copies of its
+    ///   descriptor, which the caller closes, from any thread (a port kept instead had to be
+    ///   invalidated on its loop, which, released from another thread, waited for a pass that
+    ///   might never come: a launcher on a thread of Swift concurrency's pool runs none).
+    /// - Returns: the worker's port, its check-in data, and the kept descriptors.
     /// - Throws: `PKError` with `.checkInTimedOut`, `.checkInFailed` or `.interrupted` (the
-    ///   loop was stopped; the stop is passed on to the run the wait was made in).
-    func wait(for name: String, until deadline: PKDeadline, keepOpen: Bool = false) throws(PKError) -> (port: PKSendPort, data: [UInt8]) {
+    ///   loop was stopped; the stop is passed on to the run the wait was made in); `.system` if
+    ///   the connection could not be kept (out of descriptors).
+    func wait(
+        for name: String, until deadline: PKDeadline, keepOpen: Bool = false
+    ) throws(PKError) -> (port: PKSendPort, data: [UInt8], kept: [Int32]) {
         while action == .wait {
             switch loop.runPrivately(in: mode, until: deadline, returnAfterSourceHandled: true) {
             case .timedOut:
@@ -90,12 +96,19 @@ final class CheckInListener {
         // The nested wait is over: a later check-in on this loop may use the mode again (a
         // port kept open stays in it, unaffected: its handler takes nothing after the check-in).
         releaseDepth()
-        if !keepOpen || action != .acceptWorker { port.invalidate() }
+        var kept: [Int32] = []
+        if keepOpen && action == .acceptWorker {
+            do throws(PKError) { kept = try port.duplicateConnectionDescriptors() } catch {
+                port.invalidate()
+                throw error
+            }
+        }
+        port.invalidate()
         guard action == .acceptWorker, let workerPort else {
             if case .fail(let code, let reason) = action { throw PKError(code, "worker \(name): \(reason)") }
             throw PKError(.checkInFailed, "worker \(name) did not check in")
         }
-        return (workerPort, data)
+        return (workerPort, data, kept)
     }
 }
 

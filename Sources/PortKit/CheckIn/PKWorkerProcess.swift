@@ -23,8 +23,9 @@ public final class PKWorkerProcess: @unchecked Sendable {
     public let name: String
 
     private let child: ChildProcess
-    /// Kept open while the child runs: the child learns of the launcher's death when it closes.
-    private let listener: CheckInListener
+    /// The launcher's end of the child's check-in connection, kept open while the child runs
+    /// (copies of its descriptor): the child learns of the launcher's death when it closes.
+    private let checkInConnection: KeptDescriptors
     private let stopped = Atomic<Bool>(false)
 
     static let checkInDescriptor: Int32 = 3
@@ -49,7 +50,6 @@ public final class PKWorkerProcess: @unchecked Sendable {
     ) throws(PKError) {
         self.name = name
         let listener = try CheckInListener()
-        self.listener = listener
         // The child gets a connection to the check-in port (and maybe to mainPort); our copies
         // close as soon as it is started, or the listener would never see the child die.
         var inherit = [(try listener.makeWorkerConnection(), Self.checkInDescriptor)]
@@ -64,7 +64,9 @@ public final class PKWorkerProcess: @unchecked Sendable {
         for (fd, _) in inherit { Descriptor.close(fd) }
         inherit = []
         do throws(PKError) {
-            (port, checkInData) = try listener.wait(for: name, until: .after(checkInTimeout), keepOpen: true)
+            let checkIn = try listener.wait(for: name, until: .after(checkInTimeout), keepOpen: true)
+            (port, checkInData) = (checkIn.port, checkIn.data)
+            checkInConnection = KeptDescriptors(checkIn.kept)
         } catch {
             child.kill(SIGKILL_VALUE)
             _ = child.waitUntilExit(until: .after(.seconds(5)))
@@ -140,6 +142,9 @@ public final class PKWorkerProcess: @unchecked Sendable {
         return nil
     }
 
+    /// Tests: the descriptors that keep the child's check-in connection open.
+    var checkInConnectionForTests: [Int32] { checkInConnection.descriptors }
+
     /// Sends `signal` to the child (for example `SIGKILL`, to test a dying peer).
     public func kill(signal: Int32) { child.kill(signal) }
 
@@ -151,4 +156,11 @@ public final class PKWorkerProcess: @unchecked Sendable {
     }
 
     deinit { if !stopped.load(ordering: .acquiring) { stop(timeout: .seconds(2)) } }
+}
+
+/// Descriptors held open until released, then closed (from any thread).
+private final class KeptDescriptors: Sendable {
+    let descriptors: [Int32]
+    init(_ descriptors: [Int32]) { self.descriptors = descriptors }
+    deinit { for fd in descriptors { Descriptor.close(fd) } }
 }

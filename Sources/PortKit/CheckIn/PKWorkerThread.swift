@@ -87,7 +87,8 @@ public final class PKWorkerThread: @unchecked Sendable {
             try? WorkerRuntime.serve(name: name, mainPort: mainPort, checkInRight: checkInRight, setUp: setUp)
         }
         do throws(PKError) {
-            (port, checkInData) = try listener.wait(for: name, until: .after(checkInTimeout))
+            let checkIn = try listener.wait(for: name, until: .after(checkInTimeout))
+            (port, checkInData) = (checkIn.port, checkIn.data)
         } catch {
             thread.detach()
             throw error

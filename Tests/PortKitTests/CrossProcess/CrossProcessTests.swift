@@ -206,31 +206,57 @@ import Foundation
         }
     }
 
-    /// A `PKWorkerProcess` released on another thread than its launcher's: the check-in port
-    /// it kept open (the worker's connection to it) is invalidated on the launcher's loop at
-    /// its next pass, though the private mode it sits in does not run again. (It waited for a
-    /// later check-in to run that mode, or for the thread's end; and the release changed the
-    /// loop's check-in depth from the other thread.)
-    @Test func aWorkerProcessReleasedOnAnotherThreadClosesItsCheckInPort() throws {
-        try onLoopThread { loop in
-            let checkInMode = PKRunLoopMode("PKCheckInMode-0")
-            let worker = Locked<PKWorkerProcess?>(
-                try PKWorkerProcess(executable: PeerProcess.executablePath, arguments: ["worker"], name: "given-away", checkInTimeout: .seconds(20)))
-            #expect(worker.value?.stop(timeout: .seconds(10)) == 0)
-            #expect(!loop.isEmpty(checkInMode))
-            #expect(loop.checkInDepth == 0)
-            // The launcher's loop runs its default mode, where a message comes after the release.
-            let inbox = PKReceivePort()
-            try loop.add(inbox, forMode: .default)
-            let right = inbox.makeSendRight()
-            let releaser = TestThread {
-                worker.value = nil
-                try? right.send(PKPortMessage(msgid: 1), timeout: .seconds(5))
-            }
-            try releaser.join()
-            try runLoop(loop, "the check-in port's invalidation") { loop.isEmpty(checkInMode) }
-            #expect(loop.checkInDepth == 0)
-            inbox.invalidate()
+    /// A `PKWorkerProcess` released on another thread than its launcher's, whose loop never
+    /// runs again (a launcher on a thread of Swift concurrency's pool runs none): the child's
+    /// check-in connection, which the launcher keeps open while the child runs, closes at the
+    /// release. (The check-in port was kept, to be invalidated on the launcher's loop at its
+    /// next pass, which never came: the connection stayed open for the thread's life.) The
+    /// launch leaves nothing in the loop's check-in mode, and gives its depth back.
+    @Test func aWorkerProcessReleasedOnAnotherThreadClosesItsCheckInConnection() throws {
+        let worker = Locked<PKWorkerProcess?>(nil)
+        let state = TestLatch<(launched: String?, modeEmpty: Bool, depth: Int)>()
+        let finished = TestLatch<Bool>()
+        let launcher = TestThread(name: "launcher") {
+            let loop = PKRunLoop.current
+            var failure: String?
+            do {
+                worker.value = try PKWorkerProcess(
+                    executable: PeerProcess.executablePath, arguments: ["worker"], name: "given-away", checkInTimeout: patience(.seconds(20)))
+            } catch { failure = "\(error)" }
+            state.set((failure, loop.isEmpty(PKRunLoopMode("PKCheckInMode-0")), loop.checkInDepth))
+            _ = try? finished.wait(timeout: .seconds(120))  // runs its loop no more
+        }
+        defer { finished.set(true); try? launcher.joinPatiently() }
+        let after = try state.waitPatiently(timeout: .seconds(30))
+        try #require(after.launched == nil, "\(after.launched ?? "")")
+        #expect(after.modeEmpty)
+        #expect(after.depth == 0)
+        let kept = worker.value?.checkInConnectionForTests ?? []
+        #expect(kept.count == 1)
+        let sockets = kept.compactMap { try? Files.status(of: $0).inode }.map { "socket:[\($0)]" }
+        worker.value = nil  // released on this thread
+        let open = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []).compactMap {
+            try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\($0)")
+        }
+        #expect(!sockets.isEmpty && Set(sockets).isDisjoint(with: open), "\(sockets) still open")
+    }
+
+    /// A worker process whose launcher is killed ends: the launcher's end of its check-in
+    /// connection, kept open while it runs, closes with the launcher, and the worker's loop
+    /// ends on it (protocol.md 6.2).
+    @Test func aWorkerProcessEndsWhenItsLauncherIsKilled() throws {
+        let launcher = try PeerProcess(["launch-worker"])
+        let line = try launcher.readLine(timeout: .seconds(60))
+        let pid = try #require(line.hasPrefix("worker ") ? Int32(line.dropFirst(7)) : nil, "\(line)")
+        defer { kill(pid, SIGKILL) }  // whatever happens
+        // Alive while its launcher is.
+        usleep(100_000)
+        #expect(processState(pid).map { $0 != "Z" } == true)
+        launcher.kill(SIGKILL)
+        _ = try launcher.waitForExit()
+        // Gone, or a zombie its new parent has not reaped yet.
+        try waitPatiently("the worker to end after its launcher", timeout: .seconds(20)) {
+            processState(pid).map { $0 == "Z" } ?? true
         }
     }
 
