@@ -39,9 +39,15 @@ final class ChildProcess: Sendable {
         let fd = pk_pidfd_open(pid)
         if fd < 0 {
             let err = errno
-            Glibc.kill(pid, SIGKILL)  // not reaped yet: the pid is still the child's
-            var raw: Int32 = 0
-            waitpid(pid, &raw, 0)
+            // ESRCH: the child has ended and someone else reaped it already (`SIGCHLD` ignored,
+            // a `waitpid(-1)` of the program's): its pid may be another process's by now, so
+            // nothing is sent to it. Otherwise (out of descriptors) it is not reaped yet, and
+            // the pid is still the child's.
+            if err != ESRCH {
+                Glibc.kill(pid, SIGKILL)
+                var raw: Int32 = 0
+                while waitpid(pid, &raw, 0) < 0 && errno == EINTR {}
+            }
             throw PKError(.system, "cannot watch child \(pid)", call: "pidfd_open", errno: err)
         }
         pidFD = fd
