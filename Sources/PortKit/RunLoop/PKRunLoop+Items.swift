@@ -72,7 +72,7 @@ extension PKRunLoop {
     /// modes, as `CFRunLoopContainsSource` answers). Loop-only.
     public func contains(_ source: PKCustomSource, inMode mode: PKRunLoopMode) -> Bool {
         assertOwner("contains(_:inMode:)")
-        return itemsAsked(of: mode)?.customSources[ObjectIdentifier(source)] != nil
+        return source.isValid && itemsAsked(of: mode)?.customSources[ObjectIdentifier(source)] != nil
     }
 
     /// What `contains` looks in: the common items for `.common` (which no run has a record
@@ -124,7 +124,7 @@ extension PKRunLoop {
     /// modes, as `CFRunLoopContainsTimer` answers). Loop-only.
     public func contains(_ timer: PKTimer, inMode mode: PKRunLoopMode) -> Bool {
         assertOwner("contains(_:inMode:)")
-        return itemsAsked(of: mode)?.timers[ObjectIdentifier(timer)] != nil
+        return timer.isValid && itemsAsked(of: mode)?.timers[ObjectIdentifier(timer)] != nil
     }
 
     /// Makes a timer, adds it to `mode` and returns it
@@ -370,11 +370,21 @@ extension PKRunLoop {
     private func purge(_ items: ModeRecord, at count: UInt64) {
         items.purgedAt = count
         removeInvalidatedSources()
-        removeInvalid(&items.timers)
-        items.observers.removeAll { !$0.isValid }
-        items.observersChanged()
+        let itemCount = itemInvalidationCount
+        if itemCount != itemsPurgedAt {
+            // Every mode's, at once, as `CFRunLoopTimerInvalidate` removes a timer from all.
+            itemsPurgedAt = itemCount
+            for record in modeItems.values where record !== items { removeInvalidItems(record) }
+        }
+        removeInvalidItems(items)
         removeInvalid(&commonItems.timers)
         commonItems.observers.removeAll { !$0.isValid }
+    }
+
+    private func removeInvalidItems(_ record: ModeRecord) {
+        removeInvalid(&record.timers)
+        record.observers.removeAll { !$0.isValid }
+        record.observersChanged()
     }
 
     /// Removes the custom sources invalidated since the last purge from all their modes at

@@ -90,6 +90,10 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Counts invalidations of this loop's timers, custom sources and observers, so a pass
     /// purges a mode only when something in it may have been invalidated.
     private let invalidations = Atomic<UInt64>(0)
+    /// Timers and observers invalidated, counted apart: the next purge takes them out of every
+    /// mode, not only the running one (a timer in a mode that never runs again kept its
+    /// handler and captures alive for the loop's life).
+    private let itemInvalidations = Atomic<UInt64>(0)
     private let stopRequested = Atomic<Bool>(false)
     /// Set under `performQueue`'s lock when the thread's end takes the queue for the last time:
     /// housekeeping runs at once from then on.
@@ -125,6 +129,8 @@ public final class PKRunLoop: @unchecked Sendable {
     /// orders ties (sources of one order cancelled together, timers of one fire date).
     @exclusivity(unchecked) var nextAddedSequence: UInt64 = 0
     @exclusivity(unchecked) var nextGeneration: UInt64 = 1
+    /// `itemInvalidations` when every mode's invalid timers and observers were last removed.
+    @exclusivity(unchecked) var itemsPurgedAt: UInt64 = 0
     @exclusivity(unchecked) var parkedSources: Set<UInt64> = []
     /// Signalled sources taken from `doorbell.signalledQueue` that are not in the running
     /// mode but in another: they wait for a run in one of their modes.
@@ -382,6 +388,13 @@ public final class PKRunLoop: @unchecked Sendable {
     /// there only cost the next run a pass, two system calls and the write). A hosted loop is
     /// woken all the same: its host runs a pass only when `descriptor` is readable.
     /// Safe from any thread.
+    /// Notes that a timer or observer of the loop was invalidated (see `itemInvalidations`).
+    /// Safe from any thread.
+    func noteItemInvalidated() { itemInvalidations.add(1, ordering: .releasing) }
+
+    /// The timer and observer invalidation count, for `purge`.
+    var itemInvalidationCount: UInt64 { itemInvalidations.load(ordering: .acquiring) }
+
     func noteInvalidationWaking() {
         noteInvalidation()
         if hosted.load(ordering: .relaxed) || !isOwnedByCurrentThread { wakeUp() }
@@ -937,7 +950,10 @@ public final class PKRunLoop: @unchecked Sendable {
         swap(&spareSignalled, &candidates)
         doorbell.signalledQueue.withLock { swap(&$0, &candidates) }
         if !deferredSignalled.isEmpty {
-            candidates.append(contentsOf: deferredSignalled)
+            // In front: among sources of one order, those that waited go first (a source
+            // signalled again at every pass would otherwise always come before them, in a loop
+            // run one source at a time).
+            candidates.insert(contentsOf: deferredSignalled, at: 0)
             deferredSignalled.removeAllKeepingStorage()
         }
         // In a nested run: what the outer pass took and has not looked at yet.

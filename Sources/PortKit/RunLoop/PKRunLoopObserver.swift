@@ -45,8 +45,9 @@ public final class PKRunLoopObserver: @unchecked Sendable {
 
     /// Stops the observer for good and removes it from its loop. Safe from any thread.
     public func invalidate() {
-        guard valid.exchange(false, ordering: .acquiringAndReleasing) else { return }
-        loop?.noteInvalidation()
+        guard valid.exchange(false, ordering: .acquiringAndReleasing), let loop else { return }
+        loop.noteItemInvalidated()
+        loop.noteInvalidation()
     }
 
     /// Set while the handler runs: a run of the loop inside it (a nested run in a mode the

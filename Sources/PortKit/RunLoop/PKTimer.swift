@@ -70,6 +70,7 @@ public final class PKTimer: @unchecked Sendable {
         guard valid.exchange(false, ordering: .acquiringAndReleasing) else { return }
         guard let loop else { return }
         loop.noteTimersChanged()
+        loop.noteItemInvalidated()
         loop.noteInvalidationWaking()
     }
 

@@ -98,6 +98,26 @@ extension RunLoopTests {
             #expect(afterSecond == ["a", "b"])
         }
 
+        /// In a loop run one source at a time, a source signalled again at every run does not
+        /// keep another of its order waiting: the one that waited goes first next time (it
+        /// came after the busy one's new signal, and ran only once the busy one stopped).
+        @Test func aBusySourceDoesNotStarveAnotherRunOneAtATime() throws {
+            let log = try onLoopThread { loop -> [String] in
+                var log: [String] = []
+                var busy: PKCustomSource?
+                busy = PKCustomSource { log.append("busy"); busy?.signal() }
+                let other = PKCustomSource { log.append("other") }
+                loop.add(busy!, forMode: .default)
+                loop.add(other, forMode: .default)
+                defer { busy?.invalidate(); other.invalidate() }
+                busy!.signal()
+                other.signal()
+                for _ in 0..<4 { _ = loop.runOnce(before: .after(.seconds(5))) }
+                return log
+            }
+            #expect(log.prefix(2).sorted() == ["busy", "other"], "\(log)")
+        }
+
         /// An observer that runs the loop in its handler, in a mode it observes too, is not
         /// called again by that run (`CFRunLoop` skips a firing observer): it recursed until
         /// the stack ran out (here, until its own bound of 20).
@@ -157,6 +177,37 @@ extension RunLoopTests {
             }
             #expect(during == true)
             #expect(!after)
+        }
+
+        /// An invalidated timer and observer leave every mode at the next pass, in whatever
+        /// mode it runs, as `CFRunLoop` removes them from all at once: one in a mode the loop
+        /// does not run kept its handler, and what it captured, until that mode ran (the thread's
+        /// end, for a mode that never runs again). `contains` says so of a timer at once.
+        @Test func invalidatedTimersAndObserversLeaveEveryMode() throws {
+            let (released, containedTimer) = try onLoopThread { loop -> (Bool, Bool) in
+                final class Capture {}
+                let idle: PKRunLoopMode = "fidelity-never-run"
+                weak var weakCapture: Capture?
+                var timer: PKTimer?
+                var observer: PKRunLoopObserver?
+                do {
+                    let capture = Capture()
+                    weakCapture = capture
+                    timer = loop.scheduleTimer(after: .seconds(600), forMode: idle) { _ in _ = capture }
+                    observer = PKRunLoopObserver(activities: .entry) { _, _ in _ = capture }
+                    loop.add(observer!, forMode: idle)
+                }
+                keepAlive(loop, .default)
+                timer?.invalidate()
+                observer?.invalidate()
+                let containedTimer = timer.map { loop.contains($0, inMode: idle) } ?? true
+                timer = nil
+                observer = nil
+                loop.run(in: .default, until: .distantPast)
+                return (weakCapture == nil, containedTimer)
+            }
+            #expect(released, "the invalidated timer's and observer's captures were released")
+            #expect(!containedTimer)
         }
 
         /// A handler that stops another source watching (`events = []`) in the pass whose wait

@@ -73,8 +73,10 @@ extension RunLoopTests {
                 // A mode outside the common set has none of them: it is empty.
                 results[notCommon] = loop.run(in: notCommon, until: .after(.milliseconds(50)))
                 let members = loop.allCommonModes
+                // Asked before the invalidation: an invalidated timer is in no mode.
+                let contained = (loop.contains(custom, inMode: late), loop.contains(timer, inMode: late))
                 timer.invalidate()
-                return (log.value, results, members, loop.contains(custom, inMode: late), loop.contains(timer, inMode: late))
+                return (log.value, results, members, contained.0, contained.1)
             }
             let (log, results, members, customInLate, timerInLate) = outcome
             #expect(members == [.default, "common-early", "common-late"])
