@@ -303,7 +303,7 @@ extension PKSendPort {
     /// stops working, as when a request times out. (A send waiting for room still waits for its
     /// deadline. A request its receiver cannot take at once, a port of this process whose queue
     /// is full or a socket with no room, waits on a thread of its own, one of at most 64, or
-    /// suspended until one is free, so that a consumer of that port that is a task,
+    /// suspended until one is free (or its send deadline passes), so that a consumer of that port that is a task,
     /// `messages()`, keeps the threads it needs to make room. Cancelling the task does not end
     /// that wait. A port the message carries that is a connection has its ATTACH_SENDER
     /// written on the task's thread, which may wait for room there.)
@@ -390,10 +390,11 @@ extension PKSendPort {
     private static func sendOnAThreadOfItsOwn(_ prepared: PreparedSend, before deadline: PKDeadline) async throws(PKError) {
         // Past its deadline, the send fails at once: no thread to wait on.
         if deadline.hasPassed { return try prepared.send(before: deadline) }
-        let result = await WaitingSendThreads.run(name: "PortKit.send") {
+        let result = await WaitingSendThreads.run(name: "PortKit.send", until: deadline) {
             Result { () throws(PKError) in try prepared.send(before: deadline) }
         }
-        // No thread to be had: the task's own waits.
+        // No thread to be had (none by the deadline, or none could be started): the task's own
+        // tries, waiting no more than what is left.
         guard let result else { return try prepared.send(before: deadline) }
         try result.get()
     }

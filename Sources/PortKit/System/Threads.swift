@@ -99,16 +99,22 @@ package enum WaitingSendThreads {
 
     private struct State {
         var running = 0
-        /// Requests waiting for a thread, first come first served.
-        var waiting: [CheckedContinuation<Void, Never>] = []
+        /// Requests waiting for a thread, first come first served; each resumed with true
+        /// when given one, false when its deadline passed first.
+        var waiting: [(id: UInt64, slot: CheckedContinuation<Bool, Never>)] = []
+        var nextID: UInt64 = 0
     }
     private static let state = PKMutex(State())
 
     /// Runs `body` on a thread of its own, once fewer than `limit` such threads run, and
-    /// returns its value. Returns nil, having run nothing, if no thread could be started (the
-    /// caller then runs it).
-    package static func run<Value: Sendable>(name: String, _ body: @escaping @Sendable () -> Value) async -> Value? {
-        await takeSlot()
+    /// returns its value. Returns nil, having run nothing, if no thread was free by `deadline`
+    /// (a request's send deadline: threads held by requests to a stalled receiver must not make
+    /// a request wait past its own), or none could be started: the caller then runs `body`
+    /// itself (past its deadline, a send waits no more).
+    package static func run<Value: Sendable>(
+        name: String, until deadline: PKDeadline, _ body: @escaping @Sendable () -> Value
+    ) async -> Value? {
+        guard await takeSlot(until: deadline) else { return nil }
         // The value goes under a lock, which ThreadSanitizer sees (not a continuation's hand-over).
         let outcome = HandOver<Value>()
         let ran = await withCheckedContinuation { (done: CheckedContinuation<Bool, Never>) in
@@ -127,30 +133,43 @@ package enum WaitingSendThreads {
         return ran ? outcome.slot.withLock { $0 } : nil
     }
 
-    private static func takeSlot() async {
-        await withCheckedContinuation { (slot: CheckedContinuation<Void, Never>) in
-            let now = state.withLock { state -> Bool in
+    /// Takes a thread's slot, waiting in turn until `deadline` at most; whether it got one.
+    private static func takeSlot(until deadline: PKDeadline) async -> Bool {
+        await withCheckedContinuation { (slot: CheckedContinuation<Bool, Never>) in
+            let waiting = state.withLock { state -> UInt64? in
                 guard state.running < limit else {
-                    state.waiting.append(slot)
-                    return false
+                    state.nextID += 1
+                    state.waiting.append((state.nextID, slot))
+                    return state.nextID
                 }
                 state.running += 1
-                return true
+                return nil
             }
-            if now { slot.resume() }
+            guard let waiting else { return slot.resume(returning: true) }
+            guard deadline.uptimeNanoseconds != PKDeadline.distantFuture.uptimeNanoseconds else { return }
+            // At the deadline, a request still waiting leaves the queue unserved.
+            let delay = Duration.nanoseconds(Int64(clamping: deadline.uptimeNanoseconds &- min(deadline.uptimeNanoseconds, monotonicNanoseconds())))
+            Task.detached {
+                try? await Task.sleep(for: delay)
+                let expired = state.withLock { state -> CheckedContinuation<Bool, Never>? in
+                    guard let index = state.waiting.firstIndex(where: { $0.id == waiting }) else { return nil }
+                    return state.waiting.remove(at: index).slot
+                }
+                expired?.resume(returning: false)
+            }
         }
     }
 
     /// Passes the slot to the first request waiting for one, or frees it.
     private static func giveBackSlot() {
-        let next = state.withLock { state -> CheckedContinuation<Void, Never>? in
+        let next = state.withLock { state -> CheckedContinuation<Bool, Never>? in
             guard !state.waiting.isEmpty else {
                 state.running -= 1
                 return nil
             }
-            return state.waiting.removeFirst()
+            return state.waiting.removeFirst().slot
         }
-        next?.resume()
+        next?.resume(returning: true)
     }
 
     /// Tests: how many threads run, and how many requests wait for one.

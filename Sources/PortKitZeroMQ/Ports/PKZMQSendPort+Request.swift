@@ -149,10 +149,11 @@ private struct PendingRequest: Sendable {
         } catch {
             guard error.code == .sendTimedOut, !deadline.hasPassed else { throw error }
         }
-        let result = await WaitingSendThreads.run(name: "PortKitZMQ.send") {
+        let result = await WaitingSendThreads.run(name: "PortKitZMQ.send", until: deadline) {
             Result { () throws(PKError) in try PendingRequest(port, message, waiter: waiter, before: deadline) }
         }
-        // No thread to be had: the task's own waits.
+        // No thread to be had (none by the deadline, or none could be started): the task's own
+        // tries, waiting no more than what is left.
         guard let result else { return try PendingRequest(port, message, waiter: waiter, before: deadline) }
         return try result.get()
     }

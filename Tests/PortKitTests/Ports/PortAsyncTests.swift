@@ -592,6 +592,35 @@ final class NumberedSender: Sendable {
         try await withDeadline(.seconds(30), "the consumer to end") { await consumer.value }
     }
 
+    /// A request waiting for one of the threads requests wait on (all held by requests to a
+    /// stalled receiver, with long deadlines) fails at its own send deadline, not theirs. In a
+    /// child process of its own, whose threads are its requests' alone.
+    @Test func aRequestWaitingForAThreadEndsAtItsOwnDeadline() async {
+        await exitTestInTurn {
+            await #expect(processExitsWith: .success) {
+                var limits = PKPortLimits()
+                limits.maxQueuedMessages = 1
+                let port = PKReceivePort(limits: limits)  // never read: its queue stays full
+                let right = port.makeSendRight()
+                try? right.send(PKPortMessage(msgid: 0), timeout: .seconds(1))
+                for id in 0..<WaitingSendThreads.limit {
+                    Task { _ = try? await right.request(PKPortMessage(msgid: UInt32(id + 1)), sendTimeout: .seconds(60), receiveTimeout: .seconds(1)) }
+                }
+                let full = PKDeadline.after(patience(.seconds(30)))
+                while WaitingSendThreads.countsForTests.running < WaitingSendThreads.limit && !full.hasPassed { usleep(1_000) }
+                let started = PKDeadline.now
+                var code: PKError.Code?
+                do {
+                    _ = try await right.request(PKPortMessage(msgid: 1000), sendTimeout: .milliseconds(500), receiveTimeout: .seconds(1))
+                } catch { code = (error as? PKError)?.code }
+                let waited = Double(PKDeadline.now.uptimeNanoseconds - started.uptimeNanoseconds) / 1e9
+                let report = "with \(WaitingSendThreads.countsForTests.running) threads held, a request with a 0.5 s send timeout ended after \(waited) s with \(code.map { "\($0)" } ?? "a reply")"
+                let failures = code == .sendTimedOut && waited < 30 ? [] : [report]
+                endExitTest(report, failures: failures)
+            }
+        }
+    }
+
     /// Async requests to a full port of this process wait on threads of their own, at most
     /// `WaitingSendThreads.limit` at once; the rest wait, suspended, for one of them (each
     /// request started a thread: many requests to a stalled receiver could use up the user's
