@@ -592,17 +592,26 @@ final class NumberedSender: Sendable {
         try await withDeadline(.seconds(30), "the consumer to end") { await consumer.value }
     }
 
+    /// A right to a port whose queue (of one message) is full, never read. The port lives as
+    /// long as the process: for exit tests' children.
+    private static func fullPortNobodyReads() -> PKSendPort {
+        var limits = PKPortLimits()
+        limits.maxQueuedMessages = 1
+        let port = PKReceivePort(limits: limits)
+        portsNobodyReads.withLock { $0.append(port) }
+        let right = port.makeSendRight()
+        try? right.send(PKPortMessage(msgid: 0), timeout: .seconds(1))
+        return right
+    }
+    private static let portsNobodyReads = Locked<[PKReceivePort]>([])
+
     /// A request waiting for one of the threads requests wait on (all held by requests to a
     /// stalled receiver, with long deadlines) fails at its own send deadline, not theirs. In a
     /// child process of its own, whose threads are its requests' alone.
     @Test func aRequestWaitingForAThreadEndsAtItsOwnDeadline() async {
         await exitTestInTurn {
             await #expect(processExitsWith: .success) {
-                var limits = PKPortLimits()
-                limits.maxQueuedMessages = 1
-                let port = PKReceivePort(limits: limits)  // never read: its queue stays full
-                let right = port.makeSendRight()
-                try? right.send(PKPortMessage(msgid: 0), timeout: .seconds(1))
+                let right = Self.fullPortNobodyReads()
                 for id in 0..<WaitingSendThreads.limit {
                     Task { _ = try? await right.request(PKPortMessage(msgid: UInt32(id + 1)), sendTimeout: .seconds(60), receiveTimeout: .seconds(1)) }
                 }
@@ -628,11 +637,7 @@ final class NumberedSender: Sendable {
     @Test func threadsForWaitingRequestsAreBounded() async {
         await exitTestInTurn {
             await #expect(processExitsWith: .success) {
-                var limits = PKPortLimits()
-                limits.maxQueuedMessages = 1
-                let port = PKReceivePort(limits: limits)  // never read: its queue stays full
-                let right = port.makeSendRight()
-                try? right.send(PKPortMessage(msgid: 0), timeout: .seconds(1))
+                let right = Self.fullPortNobodyReads()
                 let count = WaitingSendThreads.limit + 36
                 for id in 0..<count {
                     Task { _ = try? await right.request(PKPortMessage(msgid: UInt32(id)), sendTimeout: patience(.seconds(60)), receiveTimeout: .seconds(1)) }
