@@ -63,6 +63,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         var loop: PKRunLoop?
         /// Read ends handed over by other threads, adopted on the loop's thread.
         var pendingAdoptions: [Int32] = []
+        /// Read ends a peer handed over on a reply channel (ATTACH_SENDER), adopted on the
+        /// loop's thread as those of a port's own connections are (`adoptHandedOver`).
+        var pendingHandedOver: [Int32] = []
         /// Messages sent through local send rights, waiting for the loop (the in-process path).
         var mailbox: [PKPortMessage] = []
         var mailboxBytes = 0
@@ -175,7 +178,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
 
     deinit {
         readBuffer.deallocate()
-        let (pending, room) = shared.withLock { ($0.pendingAdoptions, $0.roomSignal) }
+        let (pending, room) = shared.withLock { ($0.pendingAdoptions + $0.pendingHandedOver, $0.roomSignal) }
         for fd in pending { Descriptor.close(fd) }
         if room >= 0 { Descriptor.close(room) }
         // The last reference may go on any thread (a port removed from its modes and then
@@ -234,6 +237,19 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         }
         if accepted { adoptionQueued() } else { Descriptor.close(fd) }
         return accepted
+    }
+
+    /// Takes ownership of `fd`, a read end a peer handed over on a reply channel
+    /// (ATTACH_SENDER), from any thread: adopted as a port's own connection adopts one
+    /// (`adoptHandedOver`: admitted, then held to the greeting timeout), or closed if the port
+    /// is invalid.
+    func adoptHandedOverFromAnyThread(_ fd: Int32) {
+        let accepted = shared.withLock { state in
+            guard state.isValid else { return false }
+            state.pendingHandedOver.append(fd)
+            return true
+        }
+        if accepted { adoptionQueued() } else { Descriptor.close(fd) }
     }
 
     private func adoptionQueued() {
@@ -334,6 +350,10 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             }
             if state.waitingSenders > 0 { EventFD.signal(state.roomSignal) }
             if !state.pendingAdoptions.isEmpty { swap(&pending, &state.pendingAdoptions) }
+            if !state.pendingHandedOver.isEmpty {
+                pending += state.pendingHandedOver
+                state.pendingHandedOver = []
+            }
             if !state.watchers.isEmpty {
                 for (token, watcher) in state.watchers where watcher.right != nil {
                     fired.append(watcher)
@@ -550,6 +570,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     private struct DeferredWork {
         var invalidationRequested = false
         var adoptions: [Int32] = []
+        var handedOver: [Int32] = []
         var lastLocalSenderLeft = false
     }
 
@@ -571,6 +592,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
                 return work
             }
             if !state.pendingAdoptions.isEmpty { swap(&work.adoptions, &state.pendingAdoptions) }
+            if !state.pendingHandedOver.isEmpty { swap(&work.handedOver, &state.pendingHandedOver) }
             // While the local queue still holds undelivered messages (a handler runs the loop
             // nested), the mailbox stays full, so its limit holds the senders as a full socket
             // does; the delivery that empties the local queue looks again.
@@ -595,6 +617,13 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         if !work.adoptions.isEmpty, let loop = runLoop {
             for fd in work.adoptions {
                 if isValid { adopt(fd, on: loop) } else { Descriptor.close(fd) }
+            }
+        }
+        if !work.handedOver.isEmpty {
+            if isValid, let loop = runLoop {
+                adoptHandedOver(work.handedOver, on: loop)
+            } else {
+                for fd in work.handedOver { Descriptor.close(fd) }
             }
         }
         // The last in-process right left, after every message it sent was delivered (and
@@ -632,13 +661,14 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         let (pending, _, watchers) = shared.withLock { state in
             defer {
                 state.pendingAdoptions = []
+                state.pendingHandedOver = []
                 state.watchers = [:]
                 swap(&dropped, &state.mailbox)
                 state.mailboxBytes = 0
                 // Senders waiting for room wake and find the port invalid.
                 if state.waitingSenders > 0 { EventFD.signal(state.roomSignal) }
             }
-            return (state.pendingAdoptions, (), Array(state.watchers.values))
+            return (state.pendingAdoptions + state.pendingHandedOver, (), Array(state.watchers.values))
         }
         dropped = []
         for watcher in watchers { Self.notify(watcher) }
@@ -678,11 +708,15 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
 
     private func adoptPending() {
         guard let loop = runLoop, isValid else { return }
-        let fds = shared.withLock { state in
-            defer { state.pendingAdoptions = [] }
-            return state.pendingAdoptions
+        let (fds, handedOver) = shared.withLock { state in
+            defer {
+                state.pendingAdoptions = []
+                state.pendingHandedOver = []
+            }
+            return (state.pendingAdoptions, state.pendingHandedOver)
         }
         for fd in fds { adopt(fd, on: loop) }
+        if !handedOver.isEmpty { adoptHandedOver(handedOver, on: loop) }
     }
 
     @discardableResult
@@ -759,6 +793,13 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         guard !connection.attached.isEmpty, let loop = runLoop else { return }
         let fds = connection.attached
         connection.attached = []
+        adoptHandedOver(fds, on: loop)
+    }
+
+    /// Adopts read ends a peer handed over in ATTACH_SENDER (to this port's connection, or on
+    /// a reply channel to this reply port): each admitted by `AttachedSockets` first, then
+    /// given the greeting timeout.
+    private func adoptHandedOver(_ fds: [Int32], on loop: PKRunLoop) {
         for fd in fds {
             let inode: UInt64
             switch AttachedSockets.admit(fd) {
@@ -973,7 +1014,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
 
     /// No connection, no in-process right, no connection waiting to be adopted. Loop-only.
     private var hasNoSenders: Bool {
-        connections.isEmpty && shared.withLock { $0.pendingAdoptions.isEmpty && $0.localSenders == 0 }
+        connections.isEmpty && shared.withLock {
+            $0.pendingAdoptions.isEmpty && $0.pendingHandedOver.isEmpty && $0.localSenders == 0
+        }
     }
 }
 

@@ -210,7 +210,7 @@ final class ReplySlot {
             case .noReply(let token):
                 if token == current { abandoned = true }
             case .attach(let descriptor, let token):
-                if token == current { port.adoptFromAnyThread(descriptor) } else { Descriptor.close(descriptor) }
+                if token == current { port.adoptHandedOverFromAnyThread(descriptor) } else { Descriptor.close(descriptor) }
             }
         }
         switch outcome {
