@@ -41,9 +41,9 @@ final class CheckInListener {
         if loop.isOwnedByCurrentThread {
             releaseDepth()
         } else {
-            // Released on another thread (a `PKWorkerProcess` given away): the port's sources
-            // sit in the private mode, which may never run again, so its invalidation (and the
-            // close of the worker's connection) is finished on the loop's next pass, in
+            // Released on another thread (its launchers hold it on their own, until their wait
+            // ends; kept for safety): the port's sources sit in the private mode, which may
+            // never run again, so its invalidation is finished on the loop's next pass, in
             // whatever mode it runs.
             let port = port
             loop.performHousekeeping { port.invalidate() }
@@ -93,8 +93,7 @@ final class CheckInListener {
                 break
             }
         }
-        // The nested wait is over: a later check-in on this loop may use the mode again (a
-        // port kept open stays in it, unaffected: its handler takes nothing after the check-in).
+        // The nested wait is over: a later check-in on this loop may use the mode again.
         releaseDepth()
         var kept: [Int32] = []
         if keepOpen && action == .acceptWorker {

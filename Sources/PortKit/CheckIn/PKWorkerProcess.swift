@@ -43,7 +43,8 @@ public final class PKWorkerProcess: @unchecked Sendable {
     /// - Throws: `PKError` with `.checkInTimedOut`, `.checkInFailed` (the child exited first),
     ///   `.interrupted` (the calling thread's loop was stopped while it waited; the child is
     ///   killed and the stop passed on to the run the launch was made in), or `.system` if it
-    ///   could not be started.
+    ///   could not be started, or its check-in connection not kept (out of descriptors: the
+    ///   child is killed).
     public init(
         executable: String, arguments: [String] = [], name: String = "PKWorkerProcess",
         mainPort: PKSendPort? = nil, checkInTimeout: Duration = PKCheckIn.defaultTimeout

@@ -100,8 +100,9 @@ package enum WaitingSendThreads {
     private struct State {
         var running = 0
         /// Requests waiting for a thread, first come first served; each resumed with true
-        /// when given one, false when its deadline passed first.
-        var waiting: [(id: UInt64, slot: CheckedContinuation<Bool, Never>)] = []
+        /// when given one, false when its deadline passed first (`expiry` ends it then, and is
+        /// cancelled if a thread comes first).
+        var waiting: [(id: UInt64, slot: CheckedContinuation<Bool, Never>, expiry: Task<Void, Never>?)] = []
         var nextID: UInt64 = 0
     }
     private static let state = PKMutex(State())
@@ -139,7 +140,7 @@ package enum WaitingSendThreads {
             let waiting = state.withLock { state -> UInt64? in
                 guard state.running < limit else {
                     state.nextID += 1
-                    state.waiting.append((state.nextID, slot))
+                    state.waiting.append((state.nextID, slot, nil))
                     return state.nextID
                 }
                 state.running += 1
@@ -149,27 +150,35 @@ package enum WaitingSendThreads {
             guard deadline.uptimeNanoseconds != PKDeadline.distantFuture.uptimeNanoseconds else { return }
             // At the deadline, a request still waiting leaves the queue unserved.
             let delay = Duration.nanoseconds(Int64(clamping: deadline.uptimeNanoseconds &- min(deadline.uptimeNanoseconds, monotonicNanoseconds())))
-            Task.detached {
-                try? await Task.sleep(for: delay)
+            let expiry = Task.detached {
+                do { try await Task.sleep(for: delay) } catch { return }  // served first
                 let expired = state.withLock { state -> CheckedContinuation<Bool, Never>? in
                     guard let index = state.waiting.firstIndex(where: { $0.id == waiting }) else { return nil }
                     return state.waiting.remove(at: index).slot
                 }
                 expired?.resume(returning: false)
             }
+            let stillWaiting = state.withLock { state -> Bool in
+                guard let index = state.waiting.firstIndex(where: { $0.id == waiting }) else { return false }
+                state.waiting[index].expiry = expiry
+                return true
+            }
+            if !stillWaiting { expiry.cancel() }
         }
     }
 
     /// Passes the slot to the first request waiting for one, or frees it.
     private static func giveBackSlot() {
-        let next = state.withLock { state -> CheckedContinuation<Bool, Never>? in
+        let next = state.withLock { state -> (slot: CheckedContinuation<Bool, Never>, expiry: Task<Void, Never>?)? in
             guard !state.waiting.isEmpty else {
                 state.running -= 1
                 return nil
             }
-            return state.waiting.removeFirst().slot
+            let first = state.waiting.removeFirst()
+            return (first.slot, first.expiry)
         }
-        next?.resume(returning: true)
+        next?.expiry?.cancel()  // a sleeping task no more, for a request served before its deadline
+        next?.slot.resume(returning: true)
     }
 
     /// Tests: how many threads run, and how many requests wait for one.
