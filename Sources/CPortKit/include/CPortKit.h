@@ -218,15 +218,19 @@ static inline ssize_t pk_send_bytes(int fd, const void *buf, size_t len) {
     return send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
-/// Whether `fd` is a Unix-domain stream socket, the only kind a port's descriptor may be. A
-/// peer can pass any descriptor: a file, a pipe, an `O_PATH` descriptor (on which epoll_ctl,
-/// send and recvmsg fail with EBADF).
+/// Whether `fd` is a connected Unix-domain stream socket, the only kind a port's descriptor
+/// may be. A peer can pass any descriptor: a file, a pipe, an `O_PATH` descriptor (on which
+/// epoll_ctl, send and recvmsg fail with EBADF), a listening or never connected socket (which
+/// has no peer: getpeername fails with ENOTCONN).
 static inline int pk_is_unix_stream(int fd) {
     int value = 0;
     socklen_t len = sizeof(value);
     if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &value, &len) != 0 || value != AF_UNIX) return 0;
     len = sizeof(value);
-    return getsockopt(fd, SOL_SOCKET, SO_TYPE, &value, &len) == 0 && value == SOCK_STREAM;
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &value, &len) != 0 || value != SOCK_STREAM) return 0;
+    struct sockaddr_un peer;
+    len = sizeof(peer);
+    return getpeername(fd, (struct sockaddr *)&peer, &len) == 0;
 }
 
 /// The descriptors of `msg`'s SCM_RIGHTS control messages, for pk_recvmsg_fds. Not inlined

@@ -148,7 +148,7 @@ import Testing
     /// epoll_ctl and recvmsg fail with EBADF; a pipe; a file; a datagram socket), sent as a
     /// new sender (ATTACH_SENDER) or as a message's port: a protocol error on that connection
     /// only, the descriptor closed; the port and its other senders go on.
-    @Test(arguments: ["O_PATH", "pipe", "file", "datagram"], [true, false])
+    @Test(arguments: ["O_PATH", "pipe", "file", "datagram", "listening", "unconnected"], [true, false])
     func aDescriptorThatIsNoPortsConnectionDropsOnlyThatConnection(kind: String, asNewSender: Bool) throws {
         let outcome = try onLoopThread { loop -> (got: [UInt32], hungUp: Bool, valid: Bool) in
             var got: [UInt32] = []
@@ -167,6 +167,19 @@ import Testing
                 foreign = ends[0]
                 other = ends[1]
             case "file": foreign = open("/dev/null", O_RDONLY | O_CLOEXEC)
+            case "listening", "unconnected":
+                // A stream socket with no peer (listening on an address the kernel picks).
+                foreign = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+                if kind == "listening" {
+                    // Bound to an abstract address of the kernel's choosing (an address of the
+                    // family alone), then listening.
+                    var address = sockaddr_un()
+                    address.sun_family = sa_family_t(AF_UNIX)
+                    let bound = withUnsafePointer(to: &address) {
+                        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(foreign, $0, socklen_t(MemoryLayout<sa_family_t>.size)) }
+                    }
+                    try #require(bound == 0 && listen(foreign, 1) == 0)
+                }
             default: foreign = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
             }
             try #require(foreign >= 0)
