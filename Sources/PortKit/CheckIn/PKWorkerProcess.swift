@@ -11,7 +11,10 @@ import Synchronization
 /// a private check-in port on descriptor 3 (and, if given, a send right to `mainPort` on
 /// descriptor 4); the child calls `PKWorkerProcess.serve(setUp:)`, which checks in the way a
 /// worker thread does. `init` returns once the child checked in, or throws if it does not in
-/// time or dies first. `stop` asks it to stop and waits for it to exit.
+/// time or dies first. `stop` asks it to stop and waits for it to exit. The child starts with
+/// no signal blocked and none ignored, whatever the launching thread blocks; it lives while
+/// its launcher keeps this object (and the launcher's process) alive: the check-in connection
+/// stays open until then, and the child's loop ends when it closes.
 public final class PKWorkerProcess: @unchecked Sendable {
     /// The child's process id.
     public var processID: Int32 { child.pid }

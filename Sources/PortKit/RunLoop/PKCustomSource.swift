@@ -7,7 +7,9 @@ import Synchronization
 ///
 /// Another thread hands the source work (in the guide, a command buffer), calls `signal()`,
 /// and wakes the loop with `PKRunLoop.wakeUp()` (or both at once with `signal(waking:)`). On
-/// its next pass in one of the source's modes the loop clears the signal and calls `perform`.
+/// its next pass in one of the source's modes the loop clears the signal and calls `perform`
+/// (a run asked to return after one source performs one: the others signalled stay so, and go
+/// first at the next run).
 /// `schedule` and `cancel` are called on the loop's thread when the source is added to and
 /// removed from a mode, as `CFRunLoopSourceContext`'s schedule and cancel routines are.
 ///

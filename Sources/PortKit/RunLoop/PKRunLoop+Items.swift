@@ -69,7 +69,7 @@ extension PKRunLoop {
     }
 
     /// Whether `mode` contains `source` (for `.common`: whether it was added to the common
-    /// modes, as `CFRunLoopContainsSource` answers). Loop-only.
+    /// modes, as `CFRunLoopContainsSource` answers); never an invalidated one. Loop-only.
     public func contains(_ source: PKCustomSource, inMode mode: PKRunLoopMode) -> Bool {
         assertOwner("contains(_:inMode:)")
         return source.isValid && itemsAsked(of: mode)?.customSources[ObjectIdentifier(source)] != nil
@@ -121,7 +121,7 @@ extension PKRunLoop {
     }
 
     /// Whether `mode` contains `timer` (for `.common`: whether it was added to the common
-    /// modes, as `CFRunLoopContainsTimer` answers). Loop-only.
+    /// modes, as `CFRunLoopContainsTimer` answers); never an invalidated one. Loop-only.
     public func contains(_ timer: PKTimer, inMode mode: PKRunLoopMode) -> Bool {
         assertOwner("contains(_:inMode:)")
         return timer.isValid && itemsAsked(of: mode)?.timers[ObjectIdentifier(timer)] != nil

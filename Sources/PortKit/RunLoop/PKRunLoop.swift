@@ -382,12 +382,6 @@ public final class PKRunLoop: @unchecked Sendable {
         spareInvalidated = batch
     }
 
-    /// Notes that a timer or custom source of this loop was invalidated, and wakes the loop so
-    /// that a run whose mode it leaves empty ends. On the loop's own thread there is no one to
-    /// wake: a pass purges before it sleeps, and a run before it starts (a wake-up written
-    /// there only cost the next run a pass, two system calls and the write). A hosted loop is
-    /// woken all the same: its host runs a pass only when `descriptor` is readable.
-    /// Safe from any thread.
     /// Notes that a timer or observer of the loop was invalidated (see `itemInvalidations`).
     /// Safe from any thread.
     func noteItemInvalidated() { itemInvalidations.add(1, ordering: .releasing) }
@@ -395,6 +389,12 @@ public final class PKRunLoop: @unchecked Sendable {
     /// The timer and observer invalidation count, for `purge`.
     var itemInvalidationCount: UInt64 { itemInvalidations.load(ordering: .acquiring) }
 
+    /// Notes that a timer or custom source of this loop was invalidated, and wakes the loop so
+    /// that a run whose mode it leaves empty ends. On the loop's own thread there is no one to
+    /// wake: a pass purges before it sleeps, and a run before it starts (a wake-up written
+    /// there only cost the next run a pass, two system calls and the write). A hosted loop is
+    /// woken all the same: its host runs a pass only when `descriptor` is readable.
+    /// Safe from any thread.
     func noteInvalidationWaking() {
         noteInvalidation()
         if hosted.load(ordering: .relaxed) || !isOwnedByCurrentThread { wakeUp() }
@@ -470,10 +470,18 @@ public final class PKRunLoop: @unchecked Sendable {
     /// after one; a block that gave the mode items goes on with them). A deadline that has
     /// passed still gets one pass that does not sleep. Timers never count as handled sources.
     ///
+    /// Asked to return after a source, a run performs one custom source (others signalled with
+    /// it stay signalled, and go first at the next run), and, as `CFRunLoop`'s, a run that had
+    /// not waited before it looks once at its timers and descriptors first: it fires the timers
+    /// due and handles one ready descriptor source, without sleeping. A run that waited for
+    /// its source returns at once.
+    ///
     /// - Parameters:
     ///   - mode: the mode to run; not `.common`.
     ///   - deadline: when to return `.timedOut`.
-    ///   - returnAfterSourceHandled: return `.handledSource` after the first source handled.
+    ///   - returnAfterSourceHandled: return `.handledSource` after the first source handled (a
+    ///     custom source performed, a descriptor source's handler called, or blocks given to
+    ///     `perform` run).
     /// - Returns: why the run ended.
     @discardableResult
     public func run(
@@ -539,7 +547,8 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     /// Runs the loop once in `mode`, returning after the first source handled or at `deadline`
-    /// (`-[NSRunLoop runMode:beforeDate:]`). Loop-only.
+    /// (`-[NSRunLoop runMode:beforeDate:]`): `run(in:until:returnAfterSourceHandled:)` with
+    /// `true`, whose documentation says what one run handles. Loop-only.
     ///
     /// - Returns: `false` if the mode has no sources, no timers and no `perform` blocks queued
     ///   for it (the run did not start); `true` for a run that started, even if its mode
