@@ -148,6 +148,36 @@ final class ZMQNameServerThread: @unchecked Sendable {
         }
     }
 
+    /// A process that looked a name up has its port, not the registration's key: it cannot
+    /// unregister the name, through the client nor with a raw UNREGISTER naming the port (a
+    /// LOOKUP gave anyone all an UNREGISTER asked for, and so the name to take over). Its
+    /// registrant can.
+    @Test func onlyItsRegistrantUnregistersAName() throws {
+        let server = try ZMQNameServerThread()
+        defer { server.stop() }
+        let owner = try PKZMQNameService(endpoint: server.endpoint)
+        let stranger = try PKZMQNameService(endpoint: server.endpoint)
+        try onLoopThread { loop in
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { _ in }
+            try loop.add(port, forMode: .default)
+            defer { port.invalidate() }
+            try owner.register(port, name: "owned")
+            let found = try stranger.lookUp("owned")
+            expectPKError(.nameNotFound) { try stranger.unregister(name: "owned", port: found) }
+            let serverRight = try PKZMQSendPort(connectingTo: server.endpoint)
+            func status(_ components: [PKZMQComponent]) throws -> [UInt8]? {
+                let request = PKZMQMessage(msgid: ZMQNameProtocol.unregister, components: components)
+                return try serverRight.sendRequest(request, sendTimeout: .seconds(5), receiveTimeout: .seconds(10))?.components.first?.data
+            }
+            let name = PKZMQComponent.data(Array("owned".utf8))
+            #expect(try status([name, .port(found), .data([UInt8](repeating: 7, count: 8))]) == [ZMQNameProtocol.Status.nameNotFound.rawValue])
+            #expect(try status([name, .port(found)]) == [ZMQNameProtocol.Status.badRequest.rawValue])
+            #expect(try stranger.lookUp("owned") == found)
+            try owner.unregister(name: "owned", port: port.makeSendRight())
+            expectPKError(.nameNotFound) { _ = try stranger.lookUp("owned") }
+        }
+    }
+
     /// An ill-formed name is answered "bad name" (status 3, protocol.md 10.10) whatever the
     /// request: a LOOKUP and an UNREGISTER of one were answered "not found", as if the name
     /// were merely unregistered.
@@ -164,6 +194,11 @@ final class ZMQNameServerThread: @unchecked Sendable {
             expectPKError(.badName) {
                 try service.unregister(name: "no/slashes", port: PKZMQSendPort(connectingTo: "tcp://127.0.0.1:1"))
             }
+            let unregister = PKZMQMessage(msgid: ZMQNameProtocol.unregister, components: [
+                .data(Array("no/slashes".utf8)), .port(try PKZMQSendPort(connectingTo: "tcp://127.0.0.1:1")), .data([UInt8](repeating: 0, count: 8)),
+            ])
+            let unregistered = try serverRight.sendRequest(unregister, sendTimeout: .seconds(5), receiveTimeout: .seconds(10))
+            #expect(unregistered?.components.first?.data == [ZMQNameProtocol.Status.badName.rawValue])
             expectPKError(.nameNotFound) { _ = try service.lookUp("well.formed") }
         }
     }

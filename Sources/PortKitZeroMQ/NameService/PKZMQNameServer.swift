@@ -77,6 +77,8 @@ public final class PKZMQNameServer: @unchecked Sendable {
     /// blocks performed there).
     private final class Registration: @unchecked Sendable {
         let port: PKZMQSendPort
+        /// Given to the registrant in the answer; an UNREGISTER must carry it.
+        let key: [UInt8] = (0..<ZMQNameProtocol.keyLength).map { _ in UInt8.random(in: 0...255) }
         var watch: PKZMQInvalidationWatch?
         var confirmed = false
         var timer: PKTimer?
@@ -135,7 +137,7 @@ public final class PKZMQNameServer: @unchecked Sendable {
         // An ill-formed name is answered as one (status 3) whatever the request, not as a name
         // nobody registered.
         switch request {
-        case .lookUp(let name) where !Self.isWellFormed(name), .unregister(let name, _) where !Self.isWellFormed(name):
+        case .lookUp(let name) where !Self.isWellFormed(name), .unregister(let name, _, _) where !Self.isWellFormed(name):
             answer(message, .badName)
         case .lookUp(let name):
             if let registration = names[name], registration.confirmed, registration.port.isValid {
@@ -143,8 +145,10 @@ public final class PKZMQNameServer: @unchecked Sendable {
             } else {
                 answer(message, .nameNotFound)
             }
-        case .unregister(let name, let port):
-            guard let registration = names[name], registration.port == port else {
+        case .unregister(let name, let port, let key):
+            // The port alone proves nothing (a LOOKUP gives it to anyone): the key the
+            // registrant was given does.
+            guard let registration = names[name], registration.confirmed, registration.port == port, registration.key == key else {
                 answer(message, .nameNotFound)
                 return
             }
@@ -172,15 +176,20 @@ public final class PKZMQNameServer: @unchecked Sendable {
         let registration = Registration(port: port)
         registration.replyPort = message.replyPort
         names[name] = registration
+        let msgid = message.msgid
         do throws(PKError) {
             registration.watch = try port.watchInvalidation(on: loop, forModes: modes) { [weak self] in
-                self?.dropped(name, registration, why: "its connection died")
+                guard let self else { return }
+                // Before its confirmation (the port refused the handshake, or its connection
+                // died first), the registrant is told at once (status 4), not left to time out.
+                let unconfirmed = names[name] === registration && !registration.confirmed
+                dropped(name, registration, why: "its connection died")
+                if unconfirmed { reply(ZMQNameProtocol.reply(to: msgid, .unreachable), to: registration.replyPort) }
             }
         } catch {
             names[name] = nil
             return answer(message, .unreachable)
         }
-        let msgid = message.msgid
         registration.timer = scheduleTimer(on: loop, at: .after(registrationTimeout)) { [weak self] _ in
             guard let self, !registration.confirmed else { return }
             dropped(name, registration, why: "it could not be reached within \(registrationTimeout)")
@@ -206,7 +215,7 @@ public final class PKZMQNameServer: @unchecked Sendable {
         registration.confirmed = true
         registration.timer?.invalidate()
         logger.debug("registered \"\(name)\" at \(registration.port.endpoint)")
-        reply(ZMQNameProtocol.reply(to: msgid, .ok), to: registration.replyPort)
+        reply(ZMQNameProtocol.reply(to: msgid, .ok, key: registration.key), to: registration.replyPort)
         registration.replyPort = nil
     }
 

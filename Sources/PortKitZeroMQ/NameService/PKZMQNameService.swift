@@ -12,6 +12,13 @@ public struct PKZMQNameService: Sendable {
     /// Where the server is.
     public let endpoint: String
     private let server: PKZMQSendPort
+    /// The keys the server gave this client (and its copies) for the names it registered: an
+    /// UNREGISTER must carry the name's (protocol.md 10.10).
+    private let keys = Keys()
+
+    private final class Keys: Sendable {
+        let byName = ZMQMutex<[String: (port: PKZMQSendPort, key: [UInt8])]>([:])
+    }
 
     /// A client of the server at `endpoint`.
     ///
@@ -32,7 +39,10 @@ public struct PKZMQNameService: Sendable {
         try PKZMQEndpoint.validate(name: name)
         let request = PKZMQMessage(msgid: ZMQNameProtocol.register, components: [.data(Array(name.utf8)), .port(port)])
         let reply = try server.sendRequest(request, sendTimeout: timeout, receiveTimeout: timeout)
-        _ = try ZMQNameProtocol.check(reply, name: name, service: endpoint)
+        guard let key = try ZMQNameProtocol.check(reply, name: name, service: endpoint).key else {
+            throw PKError(.protocolViolation, "the name service at \(endpoint) answered a registration without its key")
+        }
+        keys.byName.withLock { $0[name] = (port, key) }
     }
 
     /// Registers a receive port under `name` (its `makeSendRight()`).
@@ -47,20 +57,28 @@ public struct PKZMQNameService: Sendable {
         try PKZMQEndpoint.validate(name: name)
         let request = PKZMQMessage(msgid: ZMQNameProtocol.lookUp, components: [.data(Array(name.utf8))])
         let reply = try server.sendRequest(request, sendTimeout: timeout, receiveTimeout: timeout)
-        guard let port = try ZMQNameProtocol.check(reply, name: name, service: endpoint) else {
+        guard let port = try ZMQNameProtocol.check(reply, name: name, service: endpoint).port else {
             throw PKError(.protocolViolation, "the name service at \(endpoint) answered a lookup without a port")
         }
         return port
     }
 
-    /// Removes `name`, if `port` holds it.
+    /// Removes `name`, if `port` holds it and this client (or a copy of it) registered it: the
+    /// request carries the key the server gave for the registration, which a process that only
+    /// looked the name up does not have.
     ///
-    /// - Throws: `.nameNotFound` if `port` does not hold `name`; `.badName` if the name is
-    ///   ill-formed (the server's answer); timeouts and `.interrupted` as above.
+    /// - Throws: `.nameNotFound` if `port` does not hold `name`, or this client did not register
+    ///   it; `.badName` if the name is ill-formed; timeouts and `.interrupted` as above.
     public func unregister(name: String, port: PKZMQSendPort, timeout: Duration = .seconds(5)) throws(PKError) {
-        let request = PKZMQMessage(msgid: ZMQNameProtocol.unregister, components: [.data(Array(name.utf8)), .port(port)])
+        try PKZMQEndpoint.validate(name: name)
+        guard let registered = keys.byName.withLock({ $0[name] }), registered.port == port else {
+            throw PKError(.nameNotFound, "\(port.endpoint) is not registered as \"\(name)\" through this client of \(endpoint)")
+        }
+        let request = PKZMQMessage(
+            msgid: ZMQNameProtocol.unregister, components: [.data(Array(name.utf8)), .port(port), .data(registered.key)])
         let reply = try server.sendRequest(request, sendTimeout: timeout, receiveTimeout: timeout)
         _ = try ZMQNameProtocol.check(reply, name: name, service: endpoint)
+        keys.byName.withLock { $0[name] = nil }
     }
 }
 #endif

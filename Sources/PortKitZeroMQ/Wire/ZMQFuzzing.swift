@@ -190,23 +190,25 @@ enum ZMQFuzzing {
     private static func checkNameService(_ decoded: ZMQDecodedMessage, bytes: [UInt8]) {
         let message = PKZMQMessage(decoded)  // as the receive port delivers it; connects nothing
         if let request = ZMQNameProtocol.request(message) {
-            let (msgid, name, port): (UInt32, String, PKZMQSendPort?) = switch request {
-            case .register(let name, let port): (ZMQNameProtocol.register, name, port)
-            case .lookUp(let name): (ZMQNameProtocol.lookUp, name, nil)
-            case .unregister(let name, let port): (ZMQNameProtocol.unregister, name, port)
+            let (msgid, name, port, key): (UInt32, String, PKZMQSendPort?, [UInt8]?) = switch request {
+            case .register(let name, let port): (ZMQNameProtocol.register, name, port, nil)
+            case .lookUp(let name): (ZMQNameProtocol.lookUp, name, nil, nil)
+            case .unregister(let name, let port, let key): (ZMQNameProtocol.unregister, name, port, key)
             }
-            // The request a client writes (PKZMQNameService): the name, then the port.
+            // The request a client writes (PKZMQNameService): the name, then the port, then the
+            // registration's key.
             var components: [ZMQWireComponent] = [.data(Array(name.utf8))]
             if let port { components.append(.port(port.right.address)) }
+            if let key { components.append(.data(key)) }
             let written = encode(msgid, decoded.destination, components, decoded.reply)
             precondition(written == bytes, "ZMQFuzzing: the request \(request) is not what a client writes for it")
             checkName(name)
         }
 
         let status: ZMQNameProtocol.Status?
-        var port: PKZMQSendPort?
+        var answer = ZMQNameProtocol.Answer.done
         do throws(PKError) {
-            port = try ZMQNameProtocol.check(message, name: "fuzz", service: "fuzz")
+            answer = try ZMQNameProtocol.check(message, name: "fuzz", service: "fuzz")
             status = .ok
         } catch {
             switch error.code {
@@ -223,8 +225,8 @@ enum ZMQFuzzing {
             }
         }
         guard let status else { return }
-        // The reply the server writes for that status and port (ZMQNameProtocol.reply).
-        let reply = ZMQNameProtocol.reply(to: decoded.msgid, status, port: port)
+        // The reply the server writes for that status and answer (ZMQNameProtocol.reply).
+        let reply = ZMQNameProtocol.reply(to: decoded.msgid, status, port: answer.port, key: answer.key)
         var components: [ZMQWireComponent] = []
         for component in reply.components {
             switch component {
