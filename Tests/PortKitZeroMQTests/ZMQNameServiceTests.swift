@@ -178,6 +178,32 @@ final class ZMQNameServerThread: @unchecked Sendable {
         }
     }
 
+    /// Registrations waiting for their ports are bounded: with 64 waiting (toward an address
+    /// nobody binds, each holding a connection being made), another REGISTER is answered
+    /// "unreachable" at once, not after the registration timeout (60 s here), and the 64 end at
+    /// their timeout as before. Each was a connection, and about six descriptors, more.
+    @Test func registrationsWaitingForTheirPortsAreBounded() throws {
+        let server = try ZMQNameServerThread(registrationTimeout: .seconds(60))
+        defer { server.stop() }
+        let service = try PKZMQNameService(endpoint: server.endpoint)
+        try onLoopThread { _ in
+            let serverRight = try PKZMQSendPort(connectingTo: server.endpoint)
+            let nowhere = try PKZMQSendPort(connectingTo: "tcp://127.0.0.1:1")
+            // Unanswered REGISTERs (no reply port), carried out all the same (protocol.md 10.10).
+            for index in 0..<PKZMQNameServer.maxPendingRegistrations {
+                try serverRight.send(PKZMQMessage(msgid: ZMQNameProtocol.register, components: [
+                    .data(Array("waiting.\(index)".utf8)), .port(nowhere),
+                ]), timeout: .seconds(5))
+            }
+            let started = PKDeadline.now
+            expectPKError(.transport) {
+                try service.register(nowhere, name: "one.more", timeout: patience(.seconds(20)))
+            }
+            let waited = Double(PKDeadline.now.uptimeNanoseconds - started.uptimeNanoseconds) / 1e9
+            #expect(waited < 30, "answered after \(waited) s")
+        }
+    }
+
     /// An ill-formed name is answered "bad name" (status 3, protocol.md 10.10) whatever the
     /// request: a LOOKUP and an UNREGISTER of one were answered "not found", as if the name
     /// were merely unregistered.

@@ -38,12 +38,18 @@ public final class PKZMQNameServer: @unchecked Sendable {
     public static let replyPatience = Duration.seconds(5)
     /// The most replies that wait for their connections at once; beyond it the oldest goes.
     static let maxWaitingReplies = 256
+    /// The most registrations that wait for their confirmation at once (each holds a connection
+    /// being made, several descriptors and libzmq sockets); beyond it a REGISTER is answered
+    /// 4, unreachable, at once.
+    static let maxPendingRegistrations = 64
 
     private let port: PKZMQReceivePort
     private let logger = Logger(label: "PortKitZeroMQ.PKZMQNameServer")
 
     // Loop-only state.
     private var names: [String: Registration] = [:]
+    /// The registrations not confirmed yet (`maxPendingRegistrations`).
+    private var pendingRegistrations = 0
     /// The modes the server was added to, where all its work runs.
     private var modes: [PKRunLoopMode] = []
     /// Replies waiting for their connections (`reply(_:to:)`), oldest first.
@@ -81,6 +87,8 @@ public final class PKZMQNameServer: @unchecked Sendable {
         let key: [UInt8] = (0..<ZMQNameProtocol.keyLength).map { _ in UInt8.random(in: 0...255) }
         var watch: PKZMQInvalidationWatch?
         var confirmed = false
+        /// Counted in `pendingRegistrations` until confirmed or ended.
+        var countedAsPending = false
         var timer: PKTimer?
         var replyPort: PKZMQSendPort?
         init(port: PKZMQSendPort) { self.port = port }
@@ -173,7 +181,13 @@ public final class PKZMQNameServer: @unchecked Sendable {
             names[name] = nil
         }
         guard let loop = self.port.runLoop else { return }
+        guard pendingRegistrations < Self.maxPendingRegistrations else {
+            logger.debug("refused to register \"\(name)\": \(pendingRegistrations) registrations wait for their ports")
+            return answer(message, .unreachable)
+        }
         let registration = Registration(port: port)
+        registration.countedAsPending = true
+        pendingRegistrations += 1
         registration.replyPort = message.replyPort
         names[name] = registration
         let msgid = message.msgid
@@ -188,6 +202,7 @@ public final class PKZMQNameServer: @unchecked Sendable {
             }
         } catch {
             names[name] = nil
+            uncountPending(registration)
             return answer(message, .unreachable)
         }
         registration.timer = scheduleTimer(on: loop, at: .after(registrationTimeout)) { [weak self] _ in
@@ -213,6 +228,7 @@ public final class PKZMQNameServer: @unchecked Sendable {
     private func confirm(_ name: String, _ registration: Registration, _ msgid: UInt32) {
         guard names[name] === registration, !registration.confirmed else { return }
         registration.confirmed = true
+        uncountPending(registration)
         registration.timer?.invalidate()
         logger.debug("registered \"\(name)\" at \(registration.port.endpoint)")
         reply(ZMQNameProtocol.reply(to: msgid, .ok, key: registration.key), to: registration.replyPort)
@@ -226,7 +242,14 @@ public final class PKZMQNameServer: @unchecked Sendable {
         names[name] = nil
     }
 
+    private func uncountPending(_ registration: Registration) {
+        guard registration.countedAsPending else { return }
+        registration.countedAsPending = false
+        pendingRegistrations -= 1
+    }
+
     private func end(_ registration: Registration) {
+        uncountPending(registration)
         registration.watch?.cancel()
         registration.watch = nil
         registration.timer?.invalidate()
