@@ -156,10 +156,23 @@ public final class PKZMQReceivePort: @unchecked Sendable, CustomStringConvertibl
         }
     }
 
+    /// Reports a dropped message: to `onProtocolViolation` each time, to the log at most once a
+    /// second (a peer's frame of many bad messages wrote a warning line for each: hundreds of
+    /// thousands for one 16 MiB frame). Loop-only.
     private func violation(_ reason: String) {
-        logger.warning("dropped a message at \(endpoint): \(reason)")
+        let now = PKDeadline.now.uptimeNanoseconds
+        if lastViolationLogged == 0 || now &- lastViolationLogged >= 1_000_000_000 {
+            let more = violationsNotLogged > 0 ? " (and \(violationsNotLogged) more dropped since the last report)" : ""
+            logger.warning("dropped a message at \(endpoint): \(reason)\(more)")
+            lastViolationLogged = now
+            violationsNotLogged = 0
+        } else {
+            violationsNotLogged += 1
+        }
         onProtocolViolation?(PKError(.protocolViolation, "a message at \(endpoint) was dropped: \(reason)"))
     }
+    private var lastViolationLogged: UInt64 = 0
+    private var violationsNotLogged = 0
 
     // MARK: - Invalidation
 
