@@ -178,6 +178,43 @@ final class ZMQNameServerThread: @unchecked Sendable {
         }
     }
 
+    /// A REGISTER sent again with its key (its answer was lost, or came after the client gave
+    /// up) is the same registration: answered ok. Another key is another registrant, refused
+    /// while the name lives; the key removes the name. Through the client, registering a port
+    /// under its name again is ok too. (With the key in the server's answer only, a lost answer
+    /// left a name its registrant could neither remove nor register again.)
+    @Test func aRegistrationAskedForAgainWithItsKeyIsTheSame() throws {
+        let server = try ZMQNameServerThread()
+        defer { server.stop() }
+        let service = try PKZMQNameService(endpoint: server.endpoint)
+        try onLoopThread { loop in
+            let port = try PKZMQReceivePort(bindingTo: "tcp://127.0.0.1:*") { _ in }
+            try loop.add(port, forMode: .default)
+            defer { port.invalidate() }
+            let right = port.makeSendRight()
+            let serverRight = try PKZMQSendPort(connectingTo: server.endpoint)
+            let name = PKZMQComponent.data(Array("asked.again".utf8))
+            let key: [UInt8] = [1, 2, 3, 4, 5, 6, 7, 8]
+            func status(_ msgid: UInt32, _ components: [PKZMQComponent]) throws -> [UInt8]? {
+                let request = PKZMQMessage(msgid: msgid, components: components)
+                return try serverRight.sendRequest(request, sendTimeout: .seconds(5), receiveTimeout: .seconds(10))?.components.first?.data
+            }
+            // The first REGISTER's answer is lost: it asked for none.
+            try serverRight.send(PKZMQMessage(msgid: ZMQNameProtocol.register, components: [name, .port(right), .data(key)]), timeout: .seconds(5))
+            try waitUntil("the name to be registered") { (try? service.lookUp("asked.again")) != nil }
+            #expect(try status(ZMQNameProtocol.register, [name, .port(right), .data(key)]) == [ZMQNameProtocol.Status.ok.rawValue])
+            #expect(try status(ZMQNameProtocol.register, [name, .port(right), .data([8, 7, 6, 5, 4, 3, 2, 1])])
+                    == [ZMQNameProtocol.Status.nameInUse.rawValue])
+            #expect(try status(ZMQNameProtocol.unregister, [name, .port(right), .data(key)]) == [ZMQNameProtocol.Status.ok.rawValue])
+            expectPKError(.nameNotFound) { _ = try service.lookUp("asked.again") }
+            // Through the client.
+            try service.register(right, name: "asked.again")
+            try service.register(right, name: "asked.again")
+            try service.unregister(name: "asked.again", port: right)
+            expectPKError(.nameNotFound) { _ = try service.lookUp("asked.again") }
+        }
+    }
+
     /// Registrations waiting for their ports are bounded: with 64 waiting (toward an address
     /// nobody binds, each holding a connection being made), another REGISTER is answered
     /// "unreachable" at once, not after the registration timeout (60 s here), and the 64 end at
@@ -192,7 +229,7 @@ final class ZMQNameServerThread: @unchecked Sendable {
             // Unanswered REGISTERs (no reply port), carried out all the same (protocol.md 10.10).
             for index in 0..<PKZMQNameServer.maxPendingRegistrations {
                 try serverRight.send(PKZMQMessage(msgid: ZMQNameProtocol.register, components: [
-                    .data(Array("waiting.\(index)".utf8)), .port(nowhere),
+                    .data(Array("waiting.\(index)".utf8)), .port(nowhere), .data(ZMQNameProtocol.newKey()),
                 ]), timeout: .seconds(5))
             }
             let started = PKDeadline.now

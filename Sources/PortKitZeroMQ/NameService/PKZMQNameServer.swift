@@ -83,15 +83,18 @@ public final class PKZMQNameServer: @unchecked Sendable {
     /// blocks performed there).
     private final class Registration: @unchecked Sendable {
         let port: PKZMQSendPort
-        /// Given to the registrant in the answer; an UNREGISTER must carry it.
-        let key: [UInt8] = (0..<ZMQNameProtocol.keyLength).map { _ in UInt8.random(in: 0...255) }
+        /// The registrant's key: an UNREGISTER, or the REGISTER sent again, must carry it.
+        let key: [UInt8]
         var watch: PKZMQInvalidationWatch?
         var confirmed = false
         /// Counted in `pendingRegistrations` until confirmed or ended.
         var countedAsPending = false
         var timer: PKTimer?
         var replyPort: PKZMQSendPort?
-        init(port: PKZMQSendPort) { self.port = port }
+        init(port: PKZMQSendPort, key: [UInt8]) {
+            self.port = port
+            self.key = key
+        }
     }
 
     /// A name server bound to `endpoint` (`tcp://HOST:PORT` for other hosts).
@@ -163,8 +166,8 @@ public final class PKZMQNameServer: @unchecked Sendable {
             end(registration)
             names[name] = nil
             answer(message, .ok)
-        case .register(let name, let port):
-            register(name, port, message)
+        case .register(let name, let port, let key):
+            register(name, port, key, message)
         }
     }
 
@@ -172,8 +175,15 @@ public final class PKZMQNameServer: @unchecked Sendable {
         (try? PKZMQEndpoint.validate(name: name)) != nil
     }
 
-    private func register(_ name: String, _ port: PKZMQSendPort, _ message: PKZMQMessage) {
+    private func register(_ name: String, _ port: PKZMQSendPort, _ key: [UInt8], _ message: PKZMQMessage) {
         guard Self.isWellFormed(name) else { return answer(message, .badName) }
+        if let existing = names[name], existing.port == port, existing.key == key, existing.port.isValid {
+            // The registrant asking again (its answer was lost, or came after it gave up): the
+            // same registration, answered now if confirmed, else when it is.
+            if existing.confirmed { return answer(message, .ok) }
+            existing.replyPort = message.replyPort
+            return
+        }
         if let existing = names[name] {
             // A live owner keeps its name; a dead one's registration is on its way out.
             guard !existing.port.isValid else { return answer(message, .nameInUse) }
@@ -185,7 +195,7 @@ public final class PKZMQNameServer: @unchecked Sendable {
             logger.debug("refused to register \"\(name)\": \(pendingRegistrations) registrations wait for their ports")
             return answer(message, .unreachable)
         }
-        let registration = Registration(port: port)
+        let registration = Registration(port: port, key: key)
         registration.countedAsPending = true
         pendingRegistrations += 1
         registration.replyPort = message.replyPort
@@ -231,7 +241,7 @@ public final class PKZMQNameServer: @unchecked Sendable {
         uncountPending(registration)
         registration.timer?.invalidate()
         logger.debug("registered \"\(name)\" at \(registration.port.endpoint)")
-        reply(ZMQNameProtocol.reply(to: msgid, .ok, key: registration.key), to: registration.replyPort)
+        reply(ZMQNameProtocol.reply(to: msgid, .ok), to: registration.replyPort)
         registration.replyPort = nil
     }
 

@@ -12,8 +12,9 @@ public struct PKZMQNameService: Sendable {
     /// Where the server is.
     public let endpoint: String
     private let server: PKZMQSendPort
-    /// The keys the server gave this client (and its copies) for the names it registered: an
-    /// UNREGISTER must carry the name's (protocol.md 10.10).
+    /// The keys this client (and its copies) registered names with: an UNREGISTER must carry
+    /// the name's, and a REGISTER sent again with it is the same registration (protocol.md
+    /// 10.10).
     private let keys = Keys()
 
     private final class Keys: Sendable {
@@ -35,14 +36,30 @@ public struct PKZMQNameService: Sendable {
     /// - Throws: `.nameInUse` (a live owner holds the name), `.badName`, `.transport` (the server
     ///   could not reach the port), `.sendTimedOut`/`.receiveTimedOut` (no server answered),
     ///   `.interrupted` (the calling thread's loop was stopped while it waited).
+    ///
+    /// Registering `port` under `name` again (after a timeout, say, whose answer never came) is
+    /// the same registration: answered ok if it is in place.
     public func register(_ port: PKZMQSendPort, name: String, timeout: Duration = .seconds(10)) throws(PKError) {
         try PKZMQEndpoint.validate(name: name)
-        let request = PKZMQMessage(msgid: ZMQNameProtocol.register, components: [.data(Array(name.utf8)), .port(port)])
-        let reply = try server.sendRequest(request, sendTimeout: timeout, receiveTimeout: timeout)
-        guard let key = try ZMQNameProtocol.check(reply, name: name, service: endpoint).key else {
-            throw PKError(.protocolViolation, "the name service at \(endpoint) answered a registration without its key")
+        // Kept before the request goes: whatever becomes of the answer, the registration (if
+        // the server made it) is this client's to remove, or to ask for again.
+        let key = keys.byName.withLock { keys -> [UInt8] in
+            if let kept = keys[name], kept.port == port { return kept.key }
+            let key = ZMQNameProtocol.newKey()
+            keys[name] = (port, key)
+            return key
         }
-        keys.byName.withLock { $0[name] = (port, key) }
+        let request = PKZMQMessage(msgid: ZMQNameProtocol.register, components: [.data(Array(name.utf8)), .port(port), .data(key)])
+        do throws(PKError) {
+            let reply = try server.sendRequest(request, sendTimeout: timeout, receiveTimeout: timeout)
+            _ = try ZMQNameProtocol.check(reply, name: name, service: endpoint)
+        } catch {
+            // Refused: not this client's. (A timeout may have left the registration in place.)
+            if error.code != .receiveTimedOut && error.code != .interrupted {
+                keys.byName.withLock { keys in if keys[name]?.key == key { keys[name] = nil } }
+            }
+            throw error
+        }
     }
 
     /// Registers a receive port under `name` (its `makeSendRight()`).
@@ -57,14 +74,14 @@ public struct PKZMQNameService: Sendable {
         try PKZMQEndpoint.validate(name: name)
         let request = PKZMQMessage(msgid: ZMQNameProtocol.lookUp, components: [.data(Array(name.utf8))])
         let reply = try server.sendRequest(request, sendTimeout: timeout, receiveTimeout: timeout)
-        guard let port = try ZMQNameProtocol.check(reply, name: name, service: endpoint).port else {
+        guard let port = try ZMQNameProtocol.check(reply, name: name, service: endpoint) else {
             throw PKError(.protocolViolation, "the name service at \(endpoint) answered a lookup without a port")
         }
         return port
     }
 
     /// Removes `name`, if `port` holds it and this client (or a copy of it) registered it: the
-    /// request carries the key the server gave for the registration, which a process that only
+    /// request carries the key the registration was made with, which a process that only
     /// looked the name up does not have.
     ///
     /// - Throws: `.nameNotFound` if `port` does not hold `name`, or this client did not register

@@ -191,7 +191,7 @@ enum ZMQFuzzing {
         let message = PKZMQMessage(decoded)  // as the receive port delivers it; connects nothing
         if let request = ZMQNameProtocol.request(message) {
             let (msgid, name, port, key): (UInt32, String, PKZMQSendPort?, [UInt8]?) = switch request {
-            case .register(let name, let port): (ZMQNameProtocol.register, name, port, nil)
+            case .register(let name, let port, let key): (ZMQNameProtocol.register, name, port, key)
             case .lookUp(let name): (ZMQNameProtocol.lookUp, name, nil, nil)
             case .unregister(let name, let port, let key): (ZMQNameProtocol.unregister, name, port, key)
             }
@@ -206,9 +206,9 @@ enum ZMQFuzzing {
         }
 
         let status: ZMQNameProtocol.Status?
-        var answer = ZMQNameProtocol.Answer.done
+        var port: PKZMQSendPort?
         do throws(PKError) {
-            answer = try ZMQNameProtocol.check(message, name: "fuzz", service: "fuzz")
+            port = try ZMQNameProtocol.check(message, name: "fuzz", service: "fuzz")
             status = .ok
         } catch {
             switch error.code {
@@ -225,8 +225,8 @@ enum ZMQFuzzing {
             }
         }
         guard let status else { return }
-        // The reply the server writes for that status and answer (ZMQNameProtocol.reply).
-        let reply = ZMQNameProtocol.reply(to: decoded.msgid, status, port: answer.port, key: answer.key)
+        // The reply the server writes for that status and port (ZMQNameProtocol.reply).
+        let reply = ZMQNameProtocol.reply(to: decoded.msgid, status, port: port)
         var components: [ZMQWireComponent] = []
         for component in reply.components {
             switch component {
