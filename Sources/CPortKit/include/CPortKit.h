@@ -250,10 +250,10 @@ static inline void pk_take_fds(struct msghdr *msg, int *fds, unsigned int maxfds
 }
 
 /// recvmsg(2) into one buffer, with MSG_CMSG_CLOEXEC. Descriptors that arrived are written to
-/// `fds` (at most `maxfds`; any beyond that, and any that is not a Unix-domain stream socket,
-/// are closed, by pk_take_fds) and counted in `*fdcount`. `*truncated` is set when the kernel
+/// `fds` (at most `maxfds`; any beyond that, and any that is not a connected Unix-domain stream
+/// socket, are closed, by pk_take_fds) and counted in `*fdcount`. `*truncated` is set when the kernel
 /// reported MSG_CTRUNC (descriptors were lost), more than `maxfds` arrived, or one was not a
-/// Unix-domain stream socket; every descriptor written to `fds` is still reported, so the
+/// connected Unix-domain stream socket; every descriptor written to `fds` is still reported, so the
 /// caller can close them.
 static inline ssize_t pk_recvmsg_fds(int fd, void *buf, size_t len, int *fds, unsigned int maxfds,
                                      unsigned int *fdcount, int *truncated, void *control,

@@ -101,8 +101,8 @@ public final class PKWorkerProcess: @unchecked Sendable {
         let (name, hasMain) = parsed
         // Programs this worker starts are not workers of the launcher's: they must not see it.
         Files.removeEnvironment(environmentKey)
-        // Each must be what the launcher gave: a Unix stream socket (run by hand, with the
-        // variable set and the descriptor missing, the adoption's fcntl trapped on EBADF).
+        // Each must be what the launcher gave: a connected Unix stream socket (run by hand, with
+        // the variable set and the descriptor missing, the adoption's fcntl trapped on EBADF).
         for (fd, role) in [(checkInDescriptor, "the check-in connection")] + (hasMain ? [(mainPortDescriptor, "the right to the main port")] : []) {
             guard Socket.isUnixStream(fd) else {
                 throw PKError(.checkInFailed, "\(environmentKey) is set, but descriptor \(fd), \(role), is not an inherited Unix stream socket (this process was not started by PKWorkerProcess)")

@@ -9,7 +9,7 @@ import Synchronization
 /// and wakes the loop with `PKRunLoop.wakeUp()` (or both at once with `signal(waking:)`). On
 /// its next pass in one of the source's modes the loop clears the signal and calls `perform`
 /// (a run asked to return after one source performs one: the others signalled stay so, and go
-/// first at the next run).
+/// first among sources of their order at the next run).
 /// `schedule` and `cancel` are called on the loop's thread when the source is added to and
 /// removed from a mode, as `CFRunLoopSourceContext`'s schedule and cancel routines are.
 ///

@@ -471,10 +471,10 @@ public final class PKRunLoop: @unchecked Sendable {
     /// passed still gets one pass that does not sleep. Timers never count as handled sources.
     ///
     /// Asked to return after a source, a run performs one custom source (others signalled with
-    /// it stay signalled, and go first at the next run), and, as `CFRunLoop`'s, a run that had
-    /// not waited before it looks once at its timers and descriptors first: it fires the timers
-    /// due and handles one ready descriptor source, without sleeping. A run that waited for
-    /// its source returns at once.
+    /// it stay signalled, and go first among sources of their order at the next run), and, as
+    /// `CFRunLoop`'s, a run that had not waited before it looks once at its timers and
+    /// descriptors first: it fires the timers due and handles one ready descriptor source,
+    /// without sleeping. A run that waited for its source returns at once.
     ///
     /// - Parameters:
     ///   - mode: the mode to run; not `.common`.

@@ -15,8 +15,8 @@ enum Socket {
         return (fds[0], fds[1])
     }
 
-    /// Whether `fd` is an open Unix-domain stream socket. The corresponding calls are
-    /// `getsockopt(2)` `SO_DOMAIN` and `SO_TYPE`.
+    /// Whether `fd` is a connected Unix-domain stream socket. The corresponding calls are
+    /// `getsockopt(2)` `SO_DOMAIN` and `SO_TYPE`, and `getpeername(2)`.
     static func isUnixStream(_ fd: Int32) -> Bool { pk_is_unix_stream(fd) == 1 }
 
     /// Sends `bytes` with `descriptors` attached, without blocking and without SIGPIPE.
