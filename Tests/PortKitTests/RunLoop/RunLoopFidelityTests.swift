@@ -43,7 +43,7 @@ extension RunLoopTests {
                 var busy: PKCustomSource?
                 busy = PKCustomSource { performs += 1; busy?.signal() }
                 loop.add(busy!, forMode: .default)
-                defer { busy?.invalidate(); timer.invalidate() }
+                defer { busy?.invalidate(); busy = nil; timer.invalidate() }  // (nil: the source's perform holds it)
                 busy!.signal()
                 for _ in 0..<20 where !fired { _ = loop.runOnce(before: .after(.seconds(5))) }
                 return (fired, performs)
@@ -67,7 +67,7 @@ extension RunLoopTests {
                 var busy: PKCustomSource?
                 busy = PKCustomSource { busy?.signal() }
                 loop.add(busy!, forMode: .default)
-                defer { busy?.invalidate(); reader.invalidate() }
+                defer { busy?.invalidate(); busy = nil; reader.invalidate() }  // (nil: the source's perform holds it)
                 pipe.makeReadable()
                 busy!.signal()
                 for _ in 0..<20 where !read { _ = loop.runOnce(before: .after(.seconds(5))) }
@@ -109,7 +109,7 @@ extension RunLoopTests {
                 let other = PKCustomSource { log.append("other") }
                 loop.add(busy!, forMode: .default)
                 loop.add(other, forMode: .default)
-                defer { busy?.invalidate(); other.invalidate() }
+                defer { busy?.invalidate(); busy = nil; other.invalidate() }  // (nil: the source's perform holds it)
                 busy!.signal()
                 other.signal()
                 for _ in 0..<4 { _ = loop.runOnce(before: .after(.seconds(5))) }
@@ -227,7 +227,10 @@ extension RunLoopTests {
                     })
                 }
                 for source in sources { try loop.add(source, forMode: .default) }
-                defer { for source in sources { source.invalidate() } }
+                defer {
+                    for source in sources { source.invalidate() }
+                    sources = []  // each handler holds the array
+                }
                 for pipe in pipes { pipe.makeReadable() }
                 loop.run(in: .default, until: .after(.milliseconds(100)))
                 return calls
