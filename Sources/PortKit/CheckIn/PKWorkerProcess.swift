@@ -28,7 +28,7 @@ public final class PKWorkerProcess: @unchecked Sendable {
     private let child: ChildProcess
     /// The launcher's end of the child's check-in connection, kept open while the child runs
     /// (copies of its descriptor): the child learns of the launcher's death when it closes.
-    private let checkInConnection: KeptDescriptors
+    private let checkInConnection: [Int32]
     private let stopped = Atomic<Bool>(false)
 
     static let checkInDescriptor: Int32 = 3
@@ -70,7 +70,7 @@ public final class PKWorkerProcess: @unchecked Sendable {
         do throws(PKError) {
             let checkIn = try listener.wait(for: name, until: .after(checkInTimeout), keepOpen: true)
             (port, checkInData) = (checkIn.port, checkIn.data)
-            checkInConnection = KeptDescriptors(checkIn.kept)
+            checkInConnection = checkIn.kept
         } catch {
             child.kill(SIGKILL_VALUE)
             _ = child.waitUntilExit(until: .after(.seconds(5)))
@@ -147,7 +147,7 @@ public final class PKWorkerProcess: @unchecked Sendable {
     }
 
     /// Tests: the descriptors that keep the child's check-in connection open.
-    var checkInConnectionForTests: [Int32] { checkInConnection.descriptors }
+    var checkInConnectionForTests: [Int32] { checkInConnection }
 
     /// Sends `signal` to the child (for example `SIGKILL`, to test a dying peer).
     public func kill(signal: Int32) { child.kill(signal) }
@@ -159,12 +159,9 @@ public final class PKWorkerProcess: @unchecked Sendable {
         child.waitUntilExit(until: deadline)
     }
 
-    deinit { if !stopped.load(ordering: .acquiring) { stop(timeout: .seconds(2)) } }
-}
-
-/// Descriptors held open until released, then closed (from any thread).
-private final class KeptDescriptors: Sendable {
-    let descriptors: [Int32]
-    init(_ descriptors: [Int32]) { self.descriptors = descriptors }
-    deinit { for fd in descriptors { Descriptor.close(fd) } }
+    deinit {
+        if !stopped.load(ordering: .acquiring) { stop(timeout: .seconds(2)) }
+        // After the stop message: the child sees its launcher leave only then.
+        for fd in checkInConnection { Descriptor.close(fd) }
+    }
 }

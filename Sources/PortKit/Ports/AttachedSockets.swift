@@ -3,9 +3,6 @@
 // times) had them kept for ever, each end keeping the other from ever seeing the end of the
 // stream, while the peer, having closed its copies, paid nothing (protocol.md 7).
 
-import CPortKit
-import Glibc
-
 /// The handed-over sockets ports of this process hold (ATTACH_SENDER), by inode.
 enum AttachedSockets {
     private static let held = PKMutex<Set<UInt64>>([])
@@ -43,15 +40,5 @@ enum AttachedSockets {
     /// Unlists a socket `admit` listed, as its connection closes.
     static func release(_ inode: UInt64) {
         held.withLock { _ = $0.remove(inode) }
-    }
-}
-
-extension Socket {
-    /// The inode of the socket connected to the Unix socket of inode `inode`, or nil if it has
-    /// none or the kernel will not say. The corresponding call is a `NETLINK_SOCK_DIAG` query
-    /// (`sock_diag(7)`, `UDIAG_SHOW_PEER`).
-    static func peerInode(ofSocketInode inode: UInt64) -> UInt64? {
-        var peer: UInt64 = 0
-        return pk_unix_peer_inode(inode, &peer) == 1 ? peer : nil
     }
 }

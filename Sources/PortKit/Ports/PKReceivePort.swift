@@ -100,19 +100,6 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     /// Tests: how many connections the port reads. Loop-only.
     var connectionCountForTests: Int { connections.count }
 
-    /// Copies of the descriptors of the port's connections (close-on-exec), which keep them
-    /// open for their senders after the port is invalidated: the caller closes them, from any
-    /// thread. Loop-only.
-    func duplicateConnectionDescriptors() throws(PKError) -> [Int32] {
-        var copies: [Int32] = []
-        for connection in connections.values {
-            do throws(PKError) { copies.append(try Descriptor.duplicate(connection.fd)) } catch {
-                for fd in copies { Descriptor.close(fd) }
-                throw error
-            }
-        }
-        return copies
-    }
     /// Connections with messages to deliver, in the order they had them: a delivery visits these
     /// rather than every connection (a port may have thousands of idle senders).
     @exclusivity(unchecked) private var ready: [ReceiveConnection] = []
@@ -705,6 +692,20 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     }
 
     // MARK: - Connections
+
+    /// Copies of the descriptors of the port's connections (close-on-exec), which keep them
+    /// open for their senders after the port is invalidated: the caller closes them, from any
+    /// thread. Loop-only.
+    func duplicateConnectionDescriptors() throws(PKError) -> [Int32] {
+        var copies: [Int32] = []
+        for connection in connections.values {
+            do throws(PKError) { copies.append(try Descriptor.duplicate(connection.fd)) } catch {
+                for fd in copies { Descriptor.close(fd) }
+                throw error
+            }
+        }
+        return copies
+    }
 
     private func adoptPending() {
         guard let loop = runLoop, isValid else { return }

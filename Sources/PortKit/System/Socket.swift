@@ -15,6 +15,14 @@ enum Socket {
         return (fds[0], fds[1])
     }
 
+    /// The inode of the socket connected to the Unix socket of inode `inode`, or nil if it has
+    /// none or the kernel will not say. The corresponding call is a `NETLINK_SOCK_DIAG` query
+    /// (`sock_diag(7)`, `UDIAG_SHOW_PEER`).
+    static func peerInode(ofSocketInode inode: UInt64) -> UInt64? {
+        var peer: UInt64 = 0
+        return pk_unix_peer_inode(inode, &peer) == 1 ? peer : nil
+    }
+
     /// Whether `fd` is a connected Unix-domain stream socket. The corresponding calls are
     /// `getsockopt(2)` `SO_DOMAIN` and `SO_TYPE`, and `getpeername(2)`.
     static func isUnixStream(_ fd: Int32) -> Bool { pk_is_unix_stream(fd) == 1 }
