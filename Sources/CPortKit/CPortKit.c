@@ -269,3 +269,43 @@ int pk_unix_peer_inode(unsigned long long inode, unsigned long long *peer) {
     errno = saved;
     return result;
 }
+
+// MARK: - Calls on a message's way (see the header)
+
+#if defined(__has_feature)
+#  if __has_feature(thread_sanitizer)
+#    define PK_LIBC_WRAPPERS 1
+#  endif
+#endif
+
+#ifdef PK_LIBC_WRAPPERS
+ssize_t pk_sys_write(int fd, const void *buf, size_t len) { return write(fd, buf, len); }
+ssize_t pk_sys_send(int fd, const void *buf, size_t len, int flags) { return send(fd, buf, len, flags); }
+ssize_t pk_sys_sendmsg(int fd, const struct msghdr *msg, int flags) { return sendmsg(fd, msg, flags); }
+ssize_t pk_sys_recvmsg(int fd, struct msghdr *msg, int flags) { return recvmsg(fd, msg, flags); }
+static int pk_sys_epoll_wait(int epfd, struct epoll_event *events, int max, int timeout_ms) {
+    return epoll_wait(epfd, events, max, timeout_ms);
+}
+#else
+ssize_t pk_sys_write(int fd, const void *buf, size_t len) { return syscall(SYS_write, fd, buf, len); }
+ssize_t pk_sys_send(int fd, const void *buf, size_t len, int flags) {
+    return syscall(SYS_sendto, fd, buf, len, flags, NULL, 0);
+}
+ssize_t pk_sys_sendmsg(int fd, const struct msghdr *msg, int flags) { return syscall(SYS_sendmsg, fd, msg, flags); }
+ssize_t pk_sys_recvmsg(int fd, struct msghdr *msg, int flags) { return syscall(SYS_recvmsg, fd, msg, flags); }
+// epoll_pwait with no signal mask is epoll_wait (which some architectures, arm64 among them, lack).
+static int pk_sys_epoll_wait(int epfd, struct epoll_event *events, int max, int timeout_ms) {
+    return (int)syscall(SYS_epoll_pwait, epfd, events, max, timeout_ms, NULL, (size_t)(_NSIG / 8));
+}
+#endif
+
+int pk_epoll_wait(int epfd, uint32_t *events, uint64_t *data, int max, int timeout_ms) {
+    struct epoll_event evs[64];
+    if (max > 64) max = 64;
+    int n = pk_sys_epoll_wait(epfd, evs, max, timeout_ms);
+    for (int i = 0; i < n; i++) {
+        events[i] = evs[i].events;
+        data[i] = evs[i].data.u64;
+    }
+    return n;
+}

@@ -78,17 +78,9 @@ static inline int pk_epoll_ctl(int epfd, int op, int fd, uint32_t events, uint64
     return epoll_ctl(epfd, op, fd, &ev);
 }
 
-/// epoll_wait(2) into parallel arrays, so Swift never has to read the packed struct.
-static inline int pk_epoll_wait(int epfd, uint32_t *events, uint64_t *data, int max, int timeout_ms) {
-    struct epoll_event evs[64];
-    if (max > 64) max = 64;
-    int n = epoll_wait(epfd, evs, max, timeout_ms);
-    for (int i = 0; i < n; i++) {
-        events[i] = evs[i].events;
-        data[i] = evs[i].data.u64;
-    }
-    return n;
-}
+/// epoll_wait(2) into parallel arrays, so Swift never has to read the packed struct. Made with
+/// syscall(2), as are the other calls on a message's way (see "Calls on a message's way").
+int pk_epoll_wait(int epfd, uint32_t *events, uint64_t *data, int max, int timeout_ms);
 
 static const uint32_t PK_EPOLLIN = EPOLLIN;
 static const uint32_t PK_EPOLLOUT = EPOLLOUT;
@@ -191,6 +183,20 @@ static inline size_t pk_cmsg_space_fds(unsigned int count) {
     return count == 0 ? 0 : CMSG_SPACE(sizeof(int) * count);
 }
 
+// MARK: - Calls on a message's way
+
+/// write(2), sendto(2), sendmsg(2) and recvmsg(2), made with syscall(2) rather than through
+/// glibc's wrappers: those are thread cancellation points, and each call pays for it with two
+/// atomic read-modify-writes (`__pthread_enable_asynccancel` and its pair), eight of the 66
+/// locked instructions of a thread round trip (docs/performance.md). PortKit never cancels a
+/// thread. Under ThreadSanitizer they are glibc's: it learns the order between threads from the
+/// calls it intercepts (a send, and the receive that returns its bytes). -1 and errno on failure,
+/// as the wrappers.
+ssize_t pk_sys_write(int fd, const void *buf, size_t len);
+ssize_t pk_sys_send(int fd, const void *buf, size_t len, int flags);
+ssize_t pk_sys_sendmsg(int fd, const struct msghdr *msg, int flags);
+ssize_t pk_sys_recvmsg(int fd, struct msghdr *msg, int flags);
+
 /// sendmsg(2) of `iovcnt` buffers with `fdcount` descriptors attached (SCM_RIGHTS), MSG_NOSIGNAL.
 /// `control` must hold pk_cmsg_space_fds(fdcount) bytes.
 static inline ssize_t pk_sendmsg_fds(int fd, const struct iovec *iov, int iovcnt,
@@ -209,13 +215,13 @@ static inline ssize_t pk_sendmsg_fds(int fd, const struct iovec *iov, int iovcnt
         int *out = (int *)CMSG_DATA(c);
         for (unsigned int i = 0; i < fdcount; i++) out[i] = fds[i];
     }
-    return sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return pk_sys_sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 /// send(2) of one buffer, MSG_NOSIGNAL: a write without descriptors. The kernel's sendto path
 /// takes the buffer as it is, where sendmsg(2) first copies a message header and an iovec in.
 static inline ssize_t pk_send_bytes(int fd, const void *buf, size_t len) {
-    return send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return pk_sys_send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 /// Whether `fd` is a connected Unix-domain stream socket, the only kind a port's descriptor
@@ -266,7 +272,7 @@ static inline ssize_t pk_recvmsg_fds(int fd, void *buf, size_t len, int *fds, un
     msg.msg_controllen = controllen;
     *fdcount = 0;
     *truncated = 0;
-    ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    ssize_t n = pk_sys_recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n < 0) return n;
     if (msg.msg_flags & MSG_CTRUNC) *truncated = 1;
     if (msg.msg_controllen > 0) pk_take_fds(&msg, fds, maxfds, fdcount, truncated);

@@ -132,7 +132,7 @@ enum EventFD {
         var one: UInt64 = 1
         // EAGAIN means the counter is saturated (2^64 - 2): the reader has a wake-up pending
         // anyway. (A run loop's eventfd is never read, but 2^64 wake-ups take millennia.)
-        _ = try? SystemCall.nonBlocking("write(eventfd)") { Glibc.write(fd, &one, 8) }
+        _ = try? SystemCall.nonBlocking("write(eventfd)") { pk_sys_write(fd, &one, 8) }
     }
 
     /// Resets the counter. The corresponding system call is `read(2)`.
