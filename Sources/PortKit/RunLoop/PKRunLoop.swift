@@ -116,8 +116,10 @@ public final class PKRunLoop: @unchecked Sendable {
     // entry point asserts the owner), and the dynamic exclusivity checks it would otherwise
     // get on every access were the largest single cost of a pass.
     @exclusivity(unchecked) var modeItems: [PKRunLoopMode: ModeRecord] = [:]
-    /// The record the last lookup found, so that runs of one mode hash its name once.
-    @exclusivity(unchecked) private var lastRecord: ModeRecord?
+    /// The record the last lookup found, so that runs of one mode hash its name once. Unmanaged:
+    /// `modeItems` holds every record, from its making until the thread's end (`threadDidExit`),
+    /// so a run borrows its record from here without a retain and a release.
+    @exclusivity(unchecked) private var lastRecord: Unmanaged<ModeRecord>?
     @exclusivity(unchecked) var commonModes: Set<PKRunLoopMode> = [.default]
     @exclusivity(unchecked) var commonItems = ModeRecord(mode: .common)
     /// Descriptor sources by slot (the low 32 bits of a token, less `Token.firstSource`); the
@@ -230,10 +232,17 @@ public final class PKRunLoop: @unchecked Sendable {
     /// The record of `mode`, if it has ever had an item. Loop-only.
     @inline(__always)
     func record(_ mode: PKRunLoopMode) -> ModeRecord? {
-        if let last = lastRecord, last.mode == mode { return last }
-        let found = modeItems[mode]
-        if found != nil { lastRecord = found }
-        return found
+        recordReference(mode)?.takeUnretainedValue()
+    }
+
+    /// `record(_:)`, unretained: the record lives until the thread's end (see `lastRecord`).
+    @inline(__always)
+    private func recordReference(_ mode: PKRunLoopMode) -> Unmanaged<ModeRecord>? {
+        if let last = lastRecord, last._withUnsafeGuaranteedRef({ $0.mode == mode }) { return last }
+        guard let found = modeItems[mode] else { return nil }
+        let reference = Unmanaged.passUnretained(found)
+        lastRecord = reference
+        return reference
     }
 
     /// The record of `mode`, made if it has none. Loop-only.
@@ -241,7 +250,7 @@ public final class PKRunLoop: @unchecked Sendable {
         if let found = record(mode) { return found }
         let made = ModeRecord(mode: mode)
         modeItems[mode] = made
-        lastRecord = made
+        lastRecord = Unmanaged.passUnretained(made)
         return made
     }
 
@@ -491,14 +500,21 @@ public final class PKRunLoop: @unchecked Sendable {
         assertOwner("run(in:until:returnAfterSourceHandled:)")
         // `.common` never has a record of its own (its items join each common mode's), so only
         // a mode without one needs the string comparison.
-        guard let record = record(mode) else {
+        guard let record = recordReference(mode) else {
             precondition(mode != .common, "PKRunLoop.run: a loop cannot run in the common-modes pseudo-mode; run a real mode such as .default")
             return runEmpty(mode, deadline, returnAfterSourceHandled)
         }
+        // Borrowed: `modeItems` holds it for as long as the loop runs (see `lastRecord`).
+        return record._withUnsafeGuaranteedRef { run($0, deadline, returnAfterSourceHandled) }
+    }
+
+    /// `run(in:until:returnAfterSourceHandled:)` once the mode's record is found.
+    private func run(_ record: ModeRecord, _ deadline: PKDeadline, _ returnAfterSourceHandled: Bool) -> PKRunLoopRunResult {
+        let mode = record.mode
         if threadEnded { return .finished }
         purgeInvalid(record)
         if record.isEmpty { return runEmpty(mode, deadline, returnAfterSourceHandled) }
-        let previous = currentRecord
+        unowned(unsafe) let previous = currentRecord
         currentRecord = record
         // Signalled sources of this mode may have been skipped while another mode ran: those
         // wait in `deferredSignalled`; and a nested run in a source's perform looks at the rest
