@@ -13,9 +13,13 @@ final class NameRegistration {
     private var listener: PKDescriptorSource?
     /// Resumes accepting after descriptors ran out.
     private var resumeTimer: PKTimer?
-    /// The port, while its loop keeps it (no weak reference: see `PKReceivePort.anchor`).
+    /// The port, while its loop keeps it (no weak reference: see `PKReceivePort.anchor`), and
+    /// the port's invalidation hooks, among them the one that ends this registration.
     private let anchor: PortAnchor
     private var port: PKReceivePort? { anchor.port }
+    /// The port's loop, whose thread the registration's state belongs to (even while the port
+    /// is out of every mode).
+    private weak var loop: PKRunLoop?
     private(set) var isActive = true
     /// The port's invalidation hook that ends this registration, removed when it ends first.
     var invalidationHook: Int?
@@ -44,6 +48,7 @@ final class NameRegistration {
         self.name = name
         self.claim = claim
         self.anchor = port.anchor
+        self.loop = port.runLoop
         let source = PKDescriptorSource(descriptor: listenFD, events: .readable) { [weak self] _ in
             self?.acceptWaiting()
         }
@@ -95,9 +100,9 @@ final class NameRegistration {
     static let acceptRetryDelay: Duration = .milliseconds(50)
 
     /// Traps unless called on the thread of the port's loop (the registration's state is that
-    /// thread's). A port no loop holds any more has no thread to check.
+    /// thread's). A loop that is gone has no thread to check.
     func assertOwner(_ function: StaticString) {
-        port?.runLoop?.assertOwner(function)
+        loop?.assertOwner(function)
     }
 
     /// Removes the name: the listening socket, then the claim (the socket file and the lock
@@ -105,7 +110,7 @@ final class NameRegistration {
     func end() {
         guard isActive else { return }
         isActive = false
-        if let invalidationHook, let port { port.removeInvalidationHook(invalidationHook) }
+        if let invalidationHook { anchor.removeInvalidationHook(invalidationHook) }
         invalidationHook = nil
         resumeTimer?.invalidate()
         resumeTimer = nil

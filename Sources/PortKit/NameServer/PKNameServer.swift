@@ -34,7 +34,8 @@ public struct PKNameServer: Sendable {
 
     /// Registers `port` under `name` (`-[NSPortNameServer registerPort:name:]`). Loop-only: call
     /// it on the thread of the loop the port is scheduled on. The name lasts until
-    /// `unregister`, the port's invalidation, or the process's end.
+    /// `unregister`, the port's invalidation or release (a port out of every mode that nothing
+    /// else holds), or the process's end.
     ///
     /// - Throws: `PKError` with `.badName` (the name breaks the rule, or its socket path would
     ///   not fit in a Unix socket address), `.nameInUse`, `.unsafeDirectory` (the directory, or a
@@ -132,15 +133,21 @@ public struct PKNameServer: Sendable {
                 break
             }
             // Wait for the name to be (re)created: the owner renames its socket into place. A
-            // full backlog ends with no event: wait 10 ms at most, then try again.
+            // full backlog ends with no event: try again 10 ms after this try, whatever else
+            // the directory saw meanwhile (other names' files).
+            let retry: PKDeadline? = backlogFull ? .after(.milliseconds(10)) : nil
             while !Inotify.sawName(watch, socketFile) {
                 let timeout = deadline.pollTimeoutMilliseconds(now: monotonicNanoseconds())
                 if timeout == 0 {
                     throw PKError(.nameNotFound, "no port was registered under \"\(name)\" in \(directory) before the deadline")
                 }
-                let wait = backlogFull ? (timeout < 0 ? 10 : min(timeout, 10)) : timeout
-                let events = try Descriptor.poll(watch, events: Int16(1), timeoutMilliseconds: wait)
-                if backlogFull && events == 0 { break }
+                var wait = timeout
+                if let retry {
+                    let untilRetry = retry.pollTimeoutMilliseconds(now: monotonicNanoseconds())
+                    if untilRetry == 0 { break }
+                    wait = timeout < 0 ? untilRetry : min(timeout, untilRetry)
+                }
+                _ = try Descriptor.poll(watch, events: Int16(1), timeoutMilliseconds: wait)
             }
         }
     }

@@ -111,10 +111,6 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     @exclusivity(unchecked) private var mailboxDeferred = false
     /// Sources that live and die with the port and follow its modes (a name's listener).
     @exclusivity(unchecked) private var companions: [PKDescriptorSource] = []
-    /// Run when the port is invalidated, before `onInvalidation` (a name's removal), each
-    /// with the token that removes it.
-    @exclusivity(unchecked) private(set) var invalidationHooks: [(token: Int, hook: () -> Void)] = []
-    @exclusivity(unchecked) private var nextInvalidationHookToken = 0
     /// Drops accepted connections that did not greet in time.
     @exclusivity(unchecked) private var greetingTimer: PKTimer?
     /// The accepted connections that have not greeted yet, at most `limits.maxPendingGreetings`,
@@ -173,8 +169,12 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         // a pass in whatever mode the loop runs next (or its thread's end).
         let closing = UncheckedBox(Array(connections.values) as [ReceiveConnection])
         let others = UncheckedBox(companions)
+        // (A name's hook comes with its listener, among the companions.)
         guard !closing.value.isEmpty || !others.value.isEmpty else { return }
+        // Its names go too (the hooks run on the loop: who added them may remove them there).
+        let hooks = UncheckedBox(anchor)
         let close: @Sendable () -> Void = {
+            for entry in hooks.value.takeInvalidationHooks() { entry.hook() }
             for connection in closing.value { connection.close() }
             for companion in others.value { companion.invalidate() }
         }
@@ -416,10 +416,13 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     // MARK: - Companions (named sockets)
 
     /// Adds a source that follows the port's modes and is invalidated with it. Loop-only; the
-    /// port must be scheduled.
+    /// port must be bound to a loop.
     func attachCompanion(_ source: PKDescriptorSource) throws(PKError) {
         guard let loop = runLoop, isValid else { throw PKError(.invalidPort, "the port is not valid") }
         loop.assertOwner("PKReceivePort companion")
+        // Those ended while the port was out of every mode (a name unregistered then, which
+        // cannot reach the port to detach its listener).
+        companions.removeAll { !$0.isValid }
         for mode in modes { try loop.add(source, forMode: mode) }
         companions.append(source)
     }
@@ -430,18 +433,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         source.invalidate()
     }
 
-    /// Runs `hook` when the port is invalidated (before `onInvalidation`), unless
-    /// `removeInvalidationHook` is given the token returned first. Loop-only.
-    func addInvalidationHook(_ hook: @escaping () -> Void) -> Int {
-        nextInvalidationHookToken += 1
-        invalidationHooks.append((nextInvalidationHookToken, hook))
-        return nextInvalidationHookToken
-    }
-
-    /// Drops the hook `addInvalidationHook` returned `token` for (none if it has run). Loop-only.
-    func removeInvalidationHook(_ token: Int) {
-        invalidationHooks.removeAll { $0.token == token }
-    }
+    /// Runs `hook` when the port is invalidated (before `onInvalidation`) or released, unless
+    /// the anchor's `removeInvalidationHook` is given the token returned first. Loop-only.
+    func addInvalidationHook(_ hook: @escaping () -> Void) -> Int { anchor.addInvalidationHook(hook) }
 
     /// Takes a connection accepted from a named socket. Loop-only. The peer must be the same
     /// user and greet within `limits.greetingTimeout`; the port keeps at most
@@ -662,9 +656,7 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         for fd in pending { Descriptor.close(fd) }
         localQueue = []
         localQueueHead = 0
-        let hooks = invalidationHooks
-        invalidationHooks = []
-        for entry in hooks { entry.hook() }
+        for entry in anchor.takeInvalidationHooks() { entry.hook() }
         for companion in companions { companion.invalidate() }
         companions = []
         greetingTimer?.invalidate()
@@ -1021,9 +1013,31 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
     }
 }
 
-/// A scheduled port's hold on itself (see `PKReceivePort.anchor`). Loop-only: set and read on
-/// the port's loop thread.
+/// A scheduled port's hold on itself (see `PKReceivePort.anchor`), and what is to run when the
+/// port ends. Loop-only: set and read on the port's loop thread.
 final class PortAnchor: @unchecked Sendable {
     /// The port, while its loop keeps it (scheduled, not invalidated).
     @exclusivity(unchecked) var port: PKReceivePort?
+    /// Run when the port is invalidated, before `onInvalidation`, or released (a name's
+    /// removal), each with the token that removes it. Here, not in the port: who added one
+    /// holds the anchor, and removes it while the port is out of every mode (`port` nil).
+    @exclusivity(unchecked) private(set) var invalidationHooks: [(token: Int, hook: () -> Void)] = []
+    @exclusivity(unchecked) private var nextInvalidationHookToken = 0
+
+    func addInvalidationHook(_ hook: @escaping () -> Void) -> Int {
+        nextInvalidationHookToken += 1
+        invalidationHooks.append((nextInvalidationHookToken, hook))
+        return nextInvalidationHookToken
+    }
+
+    /// Drops the hook `addInvalidationHook` returned `token` for (none if it has run).
+    func removeInvalidationHook(_ token: Int) {
+        invalidationHooks.removeAll { $0.token == token }
+    }
+
+    /// The hooks, to run now; none is left.
+    func takeInvalidationHooks() -> [(token: Int, hook: () -> Void)] {
+        defer { invalidationHooks = [] }
+        return invalidationHooks
+    }
 }

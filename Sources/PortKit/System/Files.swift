@@ -61,6 +61,12 @@ enum Files {
         try SystemCall.run("open") { open(path, O_RDWR | O_CREAT | PK_O_NOFOLLOW | PK_O_CLOEXEC, 0o600) }
     }
 
+    /// Whether `openLockFile` failed on something at the path that is no file to lock: a link
+    /// (`ELOOP`), a directory (`EISDIR`) or a socket (`ENXIO`).
+    static func isNoLockFile(_ errno: Int32?) -> Bool {
+        errno == ELOOP || errno == EISDIR || errno == ENXIO
+    }
+
     /// Takes an exclusive lock without waiting; false if another open file description holds it.
     /// The corresponding system call is `flock(2)`.
     static func tryLock(_ fd: Int32) throws(PKError) -> Bool {

@@ -100,7 +100,15 @@ package final class SocketFileClaim: Sendable {
     /// `flock(2)`.
     private static func takeLock(_ path: String, subject: String) throws(PKError) -> (Int32, UInt64) {
         for _ in 0..<16 {
-            let fd = try Files.openLockFile(path)
+            let fd: Int32
+            do throws(PKError) { fd = try Files.openLockFile(path) } catch {
+                // A link, a directory or a socket at the lock path (a FIFO opens, and is
+                // refused below).
+                if Files.isNoLockFile(error.errno) {
+                    throw PKError(.unsafeDirectory, "\(path) is in the way of \(subject) and is not a regular file; PortKit will not use it")
+                }
+                throw error
+            }
             let locked: Bool
             do throws(PKError) { locked = try Files.tryLock(fd) } catch {
                 Descriptor.close(fd)

@@ -91,15 +91,44 @@ final class TemporaryNameDirectory: Sendable {
 
     /// Something other than a regular file at a name's lock path (a FIFO) is refused as an
     /// unsafe directory, at once (it was taken for a lock file changing hands, 16 times over).
+    /// So are a link, a directory and a socket there (they failed the lock file's open, and
+    /// were reported as `.system`).
     @Test func aLockPathThatIsNoRegularFileIsRefused() throws {
         let dir = TemporaryNameDirectory()
         #expect(mkdir(dir.path, 0o700) == 0)
         #expect(mkfifo(dir.path + "/piped.lock", 0o600) == 0)
+        #expect(symlink("/nonexistent", dir.path + "/linked.lock") == 0)
+        #expect(mkdir(dir.path + "/folder.lock", 0o700) == 0)
+        let listening = try Socket.listen(at: dir.path + "/socket.lock")
+        defer { Descriptor.close(listening) }
         try onLoopThread { loop in
             let port = PKReceivePort()
             try loop.add(port, forMode: .default)
             defer { port.invalidate() }
-            #expect { try dir.server.register(port, name: "piped") } throws: { ($0 as? PKError)?.code == .unsafeDirectory }
+            for name in ["piped", "linked", "folder", "socket"] {
+                #expect { try dir.server.register(port, name: name) } throws: { ($0 as? PKError)?.code == .unsafeDirectory }
+            }
+        }
+    }
+
+    /// A registered port that leaves its modes and is released gives up its name, as it closes
+    /// its connections: the name could be looked up (into a backlog no one accepted) and not be
+    /// registered again (`.nameInUse`) until the process ended.
+    @Test func aPortReleasedOutOfItsModesGivesUpItsName() throws {
+        let dir = TemporaryNameDirectory()
+        try onLoopThread { loop in
+            do {
+                let port = PKReceivePort()
+                try loop.add(port, forMode: .default)
+                try dir.server.register(port, name: "dropped")
+                loop.remove(port, forMode: .default)
+            }
+            #expect { _ = try dir.server.lookUp("dropped") } throws: { ($0 as? PKError)?.code == .nameNotFound }
+            let next = PKReceivePort()
+            try loop.add(next, forMode: .default)
+            defer { next.invalidate() }
+            try dir.server.register(next, name: "dropped")
+            _ = try dir.server.lookUp("dropped")
         }
     }
 
@@ -145,13 +174,13 @@ final class TemporaryNameDirectory: Sendable {
                 try dir.server.register(a, name: "handed.on")
                 try dir.server.unregister(name: "handed.on")
             }
-            #expect(a.invalidationHooks.count == 0)
+            #expect(a.anchor.invalidationHooks.count == 0)
             try dir.server.register(b, name: "handed.on")
             a.invalidate()
             _ = try dir.server.lookUp("handed.on")
             try dir.server.unregister(name: "handed.on")
             #expect { _ = try dir.server.lookUp("handed.on") } throws: { ($0 as? PKError)?.code == .nameNotFound }
-            #expect(b.invalidationHooks.count == 0)
+            #expect(b.anchor.invalidationHooks.count == 0)
             b.invalidate()
         }
     }
@@ -187,10 +216,27 @@ final class TemporaryNameDirectory: Sendable {
     }
 
     /// A waiting lookup of a live owner whose backlog is full gets its right once the owner
-    /// accepts again. (No file event comes for that: the lookup waited for its deadline.)
-    @Test func aWaitingLookUpOutlastsAFullBacklog() throws {
+    /// accepts again. (No file event comes for that: the lookup waited for its deadline.) With
+    /// `churn`, other names' files come and go in the directory all the while (their events
+    /// kept the lookup from trying again: it tried only after a quiet 10 ms).
+    @Test(arguments: [false, true])
+    func aWaitingLookUpOutlastsAFullBacklog(churn: Bool) throws {
         let dir = TemporaryNameDirectory()
         let server = dir.server
+        let churning = Locked(churn)
+        let churner = TestThread {
+            while churning.value {
+                let path = dir.path + "/churn.lock"
+                let fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0o600)
+                if fd >= 0 { close(fd) }
+                unlink(path)
+                sleepFor(.milliseconds(2))
+            }
+        }
+        defer {
+            churning.value = false
+            try? churner.join()
+        }
         try onLoopThread(timeout: .seconds(90)) { loop in
             var got: [UInt32] = []
             let port = PKReceivePort { got.append($0.msgid) }
@@ -244,6 +290,13 @@ final class TemporaryNameDirectory: Sendable {
             try dir.server.register(port, name: "away")
             loop.remove(port, forMode: .default)
             try dir.server.unregister(name: "away")
+            // Registered and unregistered over and over out of every mode, it keeps no hook
+            // (an unregister there could not reach the port to remove its hook: 100 stayed).
+            for _ in 0..<100 {
+                try dir.server.register(port, name: "away")
+                try dir.server.unregister(name: "away")
+            }
+            #expect(port.anchor.invalidationHooks.count == 0)
             try loop.add(port, forMode: .default)
             #expect { _ = try dir.server.lookUp("away") } throws: { ($0 as? PKError)?.code == .nameNotFound }
             try port.makeSendRight().send(PKPortMessage(msgid: 4), timeout: .seconds(5))
