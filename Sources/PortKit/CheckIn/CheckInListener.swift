@@ -24,7 +24,10 @@ final class CheckInListener {
         port = PKReceivePort()
         port.handler = { [weak self] message in
             guard let self, action == .wait else { return }
-            action = machine.handle(.message(msgid: message.msgid, hasReplyPort: message.replyPort != nil))
+            // A right to answer a request (REPLY_BACK) is no port to reach the worker: it
+            // answers once, and the check-in's end closes it.
+            let hasPort = message.replyPort.map { !$0.isReplyRight } ?? false
+            action = machine.handle(.message(msgid: message.msgid, hasReplyPort: hasPort))
             if action == .acceptWorker {
                 workerPort = message.replyPort
                 data = message.data

@@ -16,6 +16,7 @@ extension PKReceivePort {
     func enqueueLocal(_ message: consuming PKPortMessage, epoch: UInt64? = nil, before deadline: PKDeadline) throws(PKError) {
         let (bytes, ports) = message.census
         try checkLimits(message, dataBytes: bytes, ports: ports)
+        if ports != 0 { try checkAcceptsRights(epoch: epoch) }
         // Moved into the mailbox, not copied: a copy would retain its components and reply port
         // here and release them again on the way out.
         var pending: PKPortMessage? = ports == 0 ? message : try Self.ownRights(for: message, before: deadline)
@@ -30,6 +31,7 @@ extension PKReceivePort {
     func enqueueLocalUnlessFull(_ message: consuming PKPortMessage, epoch: UInt64?, before deadline: PKDeadline) throws(PKError) -> (message: PKPortMessage, bytes: Int)? {
         let (bytes, ports) = message.census
         try checkLimits(message, dataBytes: bytes, ports: ports)
+        if ports != 0 { try checkAcceptsRights(epoch: epoch) }
         var pending: PKPortMessage? = ports == 0 ? message : try Self.ownRights(for: message, before: deadline)
         try enqueueOwned(&pending, bytes: bytes, epoch: epoch, before: deadline, waiting: false)
         guard let unsent = pending.take() else { return nil }
@@ -78,6 +80,19 @@ extension PKReceivePort {
                 }
             }
         }
+    }
+
+    /// Refuses a message with ports for an invalid port (or through a revoked right) before
+    /// its rights are made: a right to answer a request, passed on, answers no more, even if the
+    /// message is not sent after all (`ReplyRight.makeTransferDescriptor`). (Checked again
+    /// under the lock as the message is queued.)
+    private func checkAcceptsRights(epoch: UInt64?) throws(PKError) {
+        let refusal: String? = shared.withLock { state in
+            if !state.isValid { return "cannot send: the receive port was invalidated" }
+            if let epoch, epoch != state.senderEpoch { return "cannot send: the send right was invalidated" }
+            return nil
+        }
+        if let refusal { throw PKError(.invalidPort, refusal) }
     }
 
     /// Whether the mailbox takes a message of `bytes` data bytes now (one message always fits

@@ -24,7 +24,9 @@ extension PKSendPort {
     /// port and a watch on this port, so the caller's other handlers do not fire. The first
     /// message that arrives for the request is the reply; once the request returns, the reply
     /// right it sent is invalid, and an answer sent through it later fails with `.invalidPort`
-    /// (or, racing the request's end, is discarded by the requester).
+    /// (on a connection's reply channel, once the port's loop has read the cancel: an answer
+    /// sent before that, as from the handler still running the request, goes out and is
+    /// discarded by the requester).
     ///
     /// - Parameters:
     ///   - message: the request; its `replyPort` is replaced by the private reply port.

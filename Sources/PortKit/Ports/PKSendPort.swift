@@ -25,8 +25,9 @@ import Synchronization
 /// A send right becomes invalid when its receive port is invalidated, the port's owner (thread
 /// or process) goes away, the connection breaks, or `invalidate()` is called on it. A right made
 /// by `makeSendRight()` is the exception: it lives as long as the port, and `invalidate()` on it
-/// does nothing. A right to answer a request is also void once it has answered, once the
-/// requester gave the request up, or once the next request arrives on that connection
+/// does nothing. A right to answer a request is also void once it has answered, once it was
+/// passed on in a message (even one that then failed to send), once the requester gave the
+/// request up (as its loop learns it), or once the next request arrives on that connection
 /// (protocol.md section 6.1). Sending to an invalid port throws `PKError` with `.invalidPort`;
 /// it never raises SIGPIPE.
 ///
@@ -300,6 +301,12 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         case .localRight(let right): right.isValid
         case .reply(let right): right.isValid
         }
+    }
+
+    /// Whether this is a right to answer one request that came in over a connection
+    /// (REPLY_BACK): it answers once, and reaches no port after that.
+    var isReplyRight: Bool {
+        if case .reply = storage { true } else { false }
     }
 
     /// Gives up this send right and every copy of it (`-[NSPort invalidate]` on a remote port).

@@ -165,7 +165,8 @@ final class ReplyTicket: Sendable {
 
 /// The right to answer one request made with REPLY_BACK: writes on the reply channel of the
 /// connection the request came in on, with the request's token. It answers once; after that,
-/// after the requester gave up (REPLY_CANCELLED), or after `invalidate()`, it is invalid.
+/// after it was passed on in a message (ATTACH_SENDER), after the requester gave up
+/// (REPLY_CANCELLED), or after `invalidate()`, it is invalid.
 /// Released unanswered, it tells the requester so (NO_REPLY), which ends its wait at once.
 final class ReplyRight: Sendable {
     let writer: SendConnection
@@ -187,7 +188,7 @@ final class ReplyRight: Sendable {
     /// Sends the answer: the first message sent through the right, and the only one.
     func send(_ frame: some WireEncodable, descriptors: [Int32], before deadline: PKDeadline) throws(PKError) {
         guard ticket.beginAnswer() else {
-            throw PKError(.invalidPort, "cannot send: this reply right was already used, or its request has ended")
+            throw PKError(.invalidPort, "cannot send: this reply right was already used or passed on, or its request has ended")
         }
         do throws(PKError) {
             try writer.write(frame, descriptors: descriptors, before: deadline)
@@ -206,14 +207,19 @@ final class ReplyRight: Sendable {
     /// (ATTACH_SENDER with the request's token), as a descriptor to attach to a message.
     func makeTransferDescriptor(before deadline: PKDeadline) throws(PKError) -> Int32 {
         guard ticket.isOpen else {
-            throw PKError(.invalidPort, "cannot send a port: this reply right was already used, or its request has ended")
+            throw PKError(.invalidPort, "cannot send a port: this reply right was already used or passed on, or its request has ended")
         }
         let (readEnd, writeEnd) = try Socket.pair()
         defer { Descriptor.close(readEnd) }
         do throws(PKError) {
             try ConnectionSetup.writeGreeting(writeEnd)
             try writer.write(WireFrame.attachSender(replyToken: ticket.token), descriptors: [readEnd], before: deadline)
+            // Passed on, as a Mach send-once right moved into a message: this right answers no
+            // more, even if the message that carries the new one is not sent after all (the
+            // requester then sees its reply port's sender leave, and ends its wait); an answer
+            // through it would otherwise reach a request already ended, and be dropped.
             handedOn.store(true, ordering: .releasing)
+            ticket.void()
             return writeEnd
         } catch {
             Descriptor.close(writeEnd)

@@ -414,6 +414,61 @@ extension ReplyChannelTests {
         try server.stop()
         try helper.stop()
     }
+
+    /// A right passed on in a message that is then not sent (the receiver's queue stays full)
+    /// answers no more, as a send-once right moved into a message: an answer through it fails
+    /// with `.invalidPort`, and the request ends at once with `.portInvalidated` (the sender
+    /// its reply port adopted is gone). The answer went out, and raced the requester's end of
+    /// its request: taken, or dropped while the replier believed it had answered. A message
+    /// with ports for a port already invalid is refused before its rights are made: the right
+    /// still answers then.
+    @Test(arguments: [false, true])
+    func aRightPassedOnInAMessageNotSentAnswersNoMore(targetInvalid: Bool) throws {
+        var limits = PKPortLimits.default
+        limits.maxQueuedMessages = 1
+        let full = PKReceivePort(limits: limits)
+        if targetInvalid { full.invalidate() } else { try full.makeSendRight().send(PKPortMessage(msgid: 0), timeout: .seconds(1)) }
+        let forward = Locked<PKError.Code?>(nil)
+        let answered = Locked<PKError.Code??>(nil)
+        let server = try PortServer { port, _ in
+            port.handler = { message in
+                guard let reply = message.replyPort else { return }
+                forward.value = Self.code { try full.makeSendRight().send(PKPortMessage(msgid: 1, components: [.port(reply)]), before: .now) }
+                answered.value = .some(Self.code { try reply.send(PKPortMessage(msgid: 42), timeout: .seconds(5)) })
+            }
+        }
+        let right = try independentRight(to: server.port)
+        let code = try onPortLoopThread { _ in
+            Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 5), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10))) }
+        }
+        try waitPatiently("the answer's outcome") { answered.value != nil }
+        if targetInvalid {
+            #expect(forward.value == .invalidPort)
+            #expect(code == nil)
+            #expect(answered.value == .some(nil))
+        } else {
+            #expect(forward.value == .sendTimedOut)
+            #expect(code == .portInvalidated)
+            #expect(answered.value == .some(.invalidPort))
+        }
+        try server.stop()
+        full.invalidate()
+    }
+
+    /// A check-in whose reply port is a right to answer a request (a worker that sent its
+    /// check-in as a request, REPLY_BACK) fails: that right reaches no port, and the
+    /// check-in's end closes it. (It was accepted: the launcher got a port already invalid.)
+    @Test func aCheckInWhoseReplyPortIsARightToAnswerFails() throws {
+        try onLoopThread { _ in
+            let listener = try CheckInListener()
+            let right = PKSendPort(connection: SendConnection(takingOwnershipOf: try listener.makeWorkerConnection()))
+            let worker = TestThread {
+                _ = try? right.sendRequest(PKPortMessage(msgid: PKCheckIn.messageID), sendTimeout: .seconds(5), receiveTimeout: .seconds(2))
+            }
+            defer { try? worker.join() }
+            #expect { _ = try listener.wait(for: "replier", until: .after(patience(.seconds(10)))) } throws: { ($0 as? PKError)?.code == .checkInFailed }
+        }
+    }
 }
 
 /// The port's side of a connection, played by a test: reads frames as a receive port would and
