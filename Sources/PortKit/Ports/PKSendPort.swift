@@ -150,7 +150,7 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         }
         var transfers: [Int32] = []
         defer { for fd in transfers { Descriptor.close(fd) } }
-        let frame = try checkedFrame(for: message, reply: replyRight, replyBackToken: replyBackToken, making: &transfers, before: deadline)
+        let frame = try checkedFrame(for: message, to: connection, reply: replyRight, replyBackToken: replyBackToken, making: &transfers, before: deadline)
         if let replyRight {
             try replyRight.send(frame, descriptors: transfers, before: deadline)
         } else {
@@ -158,12 +158,12 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         }
     }
 
-    /// The frame of `message` (or of the answer through `replyRight`), checked against the
-    /// limits before anything is made (the receiver checks them again); then its descriptors,
-    /// made and appended to `transfers` (the caller closes them).
+    /// The frame of `message` for `connection` (or of the answer through `replyRight`), checked
+    /// against the limits before anything is made (the receiver checks them again); then its
+    /// descriptors, made and appended to `transfers` (the caller closes them).
     private static func checkedFrame(
-        for message: borrowing PKPortMessage, reply replyRight: ReplyRight?, replyBackToken: UInt16,
-        making transfers: inout [Int32], before deadline: PKDeadline
+        for message: borrowing PKPortMessage, to connection: SendConnection, reply replyRight: ReplyRight?,
+        replyBackToken: UInt16, making transfers: inout [Int32], before deadline: PKDeadline
     ) throws(PKError) -> WireFrame {
         // One data component is held inline: the frame makes no array.
         let components: WireComponents
@@ -179,8 +179,14 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         } catch {
             throw overLimits(error)
         }
-        // The usual message carries no port, nor a reply port: no descriptor to make.
+        // The usual message carries no port, nor a reply port: no descriptor to make. One that
+        // does is refused before its rights are made if it cannot go (a right to answer a
+        // request, passed on, answers no more: `ReplyRight.makeTransferDescriptor`).
         if frame.descriptorCount > 0 {
+            if !(replyRight.map { $0.isValid } ?? connection.isValid) {
+                throw PKError(.invalidPort, replyRight == nil ? "cannot send: the receive port is gone, or the send right was invalidated"
+                                                              : "cannot send: this reply right was already used or passed on, or its request has ended")
+            }
             try makeTransferDescriptors(for: message, into: &transfers, before: deadline)
         }
         return frame
@@ -198,7 +204,7 @@ public struct PKSendPort: Sendable, Hashable, CustomStringConvertible {
         var transfers: [Int32] = []
         let frame: WireFrame
         do throws(PKError) {
-            frame = try checkedFrame(for: message, reply: replyRight, replyBackToken: 0, making: &transfers, before: deadline)
+            frame = try checkedFrame(for: message, to: connection, reply: replyRight, replyBackToken: 0, making: &transfers, before: deadline)
         } catch {
             for fd in transfers { Descriptor.close(fd) }
             throw error

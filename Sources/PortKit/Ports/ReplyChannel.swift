@@ -193,38 +193,55 @@ final class ReplyRight: Sendable {
         do throws(PKError) {
             try writer.write(frame, descriptors: descriptors, before: deadline)
         } catch {
-            // Nothing went out on a timeout, a message over the limits, or descriptors the
-            // kernel refused for now: the right stays open (to answer again, or NO_REPLY).
-            let nothingSent = error.code == .sendTimedOut || error.code == .limitExceeded
-                || (error.code == .system && Socket.isRefusedForNow(error.errno))
-            ticket.endAnswer(sent: !nothingSent)
+            ticket.endAnswer(sent: !Self.nothingSent(error))
             throw error
         }
         ticket.endAnswer(sent: true)
     }
 
+    /// Whether a failed write sent nothing: a timeout, a message over the limits, or
+    /// descriptors the kernel refused for now. The right then stays open (to answer again, or
+    /// NO_REPLY).
+    private static func nothingSent(_ error: PKError) -> Bool {
+        error.code == .sendTimedOut || error.code == .limitExceeded
+            || (error.code == .system && Socket.isRefusedForNow(error.errno))
+    }
+
     /// A new connection to the requester's reply port, passed over the reply channel
     /// (ATTACH_SENDER with the request's token), as a descriptor to attach to a message.
     func makeTransferDescriptor(before deadline: PKDeadline) throws(PKError) -> Int32 {
-        guard ticket.isOpen else {
+        // Taken as an answer is (copies of the right on other threads may answer, pass it on
+        // or invalidate it meanwhile: none of them gets it too, and no NO_REPLY follows).
+        guard ticket.beginAnswer() else {
             throw PKError(.invalidPort, "cannot send a port: this reply right was already used or passed on, or its request has ended")
         }
-        let (readEnd, writeEnd) = try Socket.pair()
-        defer { Descriptor.close(readEnd) }
+        let readEnd: Int32, writeEnd: Int32
         do throws(PKError) {
-            try ConnectionSetup.writeGreeting(writeEnd)
-            try writer.write(WireFrame.attachSender(replyToken: ticket.token), descriptors: [readEnd], before: deadline)
-            // Passed on, as a Mach send-once right moved into a message: this right answers no
-            // more, even if the message that carries the new one is not sent after all (the
-            // requester then sees its reply port's sender leave, and ends its wait); an answer
-            // through it would otherwise reach a request already ended, and be dropped.
-            handedOn.store(true, ordering: .releasing)
-            ticket.void()
-            return writeEnd
+            (readEnd, writeEnd) = try Socket.pair()
+            do throws(PKError) { try ConnectionSetup.writeGreeting(writeEnd) } catch {
+                Descriptor.close(readEnd)
+                Descriptor.close(writeEnd)
+                throw error
+            }
         } catch {
-            Descriptor.close(writeEnd)
+            ticket.endAnswer(sent: false)  // nothing went out on the reply channel
             throw error
         }
+        defer { Descriptor.close(readEnd) }
+        do throws(PKError) {
+            try writer.write(WireFrame.attachSender(replyToken: ticket.token), descriptors: [readEnd], before: deadline)
+        } catch {
+            Descriptor.close(writeEnd)
+            ticket.endAnswer(sent: !Self.nothingSent(error))
+            throw error
+        }
+        // Passed on, as a Mach send-once right moved into a message: this right answers no
+        // more, even if the message that carries the new one is not sent after all (the
+        // requester then sees its reply port's sender leave, and ends its wait); an answer
+        // through it would otherwise reach a request already ended, and be dropped.
+        handedOn.store(true, ordering: .releasing)
+        ticket.endAnswer(sent: true)
+        return writeEnd
     }
 
     /// Gives the right up unanswered: the requester learns at once, unless the right was passed

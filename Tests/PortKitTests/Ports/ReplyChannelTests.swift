@@ -420,20 +420,30 @@ extension ReplyChannelTests {
     /// with `.invalidPort`, and the request ends at once with `.portInvalidated` (the sender
     /// its reply port adopted is gone). The answer went out, and raced the requester's end of
     /// its request: taken, or dropped while the replier believed it had answered. A message
-    /// with ports for a port already invalid is refused before its rights are made: the right
-    /// still answers then.
-    @Test(arguments: [false, true])
-    func aRightPassedOnInAMessageNotSentAnswersNoMore(targetInvalid: Bool) throws {
+    /// with ports for a port already invalid, or through a right invalidated, is refused before
+    /// its rights are made: the right still answers then.
+    enum Target: String, CaseIterable, Sendable { case fullPort, invalidPort, invalidatedConnection }
+
+    @Test(arguments: Target.allCases)
+    func aRightPassedOnInAMessageNotSentAnswersNoMore(_ target: Target) throws {
         var limits = PKPortLimits.default
         limits.maxQueuedMessages = 1
         let full = PKReceivePort(limits: limits)
-        if targetInvalid { full.invalidate() } else { try full.makeSendRight().send(PKPortMessage(msgid: 0), timeout: .seconds(1)) }
+        var through = full.makeSendRight()
+        switch target {
+        case .fullPort: try through.send(PKPortMessage(msgid: 0), timeout: .seconds(1))
+        case .invalidPort: full.invalidate()
+        case .invalidatedConnection:
+            through = try independentRight(to: full)
+            through.invalidate()
+        }
+        let forwardRight = through
         let forward = Locked<PKError.Code?>(nil)
         let answered = Locked<PKError.Code??>(nil)
         let server = try PortServer { port, _ in
             port.handler = { message in
                 guard let reply = message.replyPort else { return }
-                forward.value = Self.code { try full.makeSendRight().send(PKPortMessage(msgid: 1, components: [.port(reply)]), before: .now) }
+                forward.value = Self.code { try forwardRight.send(PKPortMessage(msgid: 1, components: [.port(reply)]), before: .now) }
                 answered.value = .some(Self.code { try reply.send(PKPortMessage(msgid: 42), timeout: .seconds(5)) })
             }
         }
@@ -442,7 +452,7 @@ extension ReplyChannelTests {
             Self.code { _ = try right.sendRequest(PKPortMessage(msgid: 5), sendTimeout: .seconds(5), receiveTimeout: patience(.seconds(10))) }
         }
         try waitPatiently("the answer's outcome") { answered.value != nil }
-        if targetInvalid {
+        if target != .fullPort {
             #expect(forward.value == .invalidPort)
             #expect(code == nil)
             #expect(answered.value == .some(nil))
