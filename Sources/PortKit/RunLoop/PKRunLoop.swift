@@ -515,6 +515,9 @@ public final class PKRunLoop: @unchecked Sendable {
         purgeInvalid(record)
         if record.isEmpty { return runEmpty(mode, deadline, returnAfterSourceHandled) }
         unowned(unsafe) let previous = currentRecord
+        // Whether this run is nested in another's (`previous` is not nil), asked once: each
+        // look at an unowned reference makes it strong, a retain and a release.
+        let nested = previous != nil
         currentRecord = record
         // Signalled sources of this mode may have been skipped while another mode ran: those
         // wait in `deferredSignalled`; and a nested run in a source's perform looks at the rest
@@ -532,7 +535,7 @@ public final class PKRunLoop: @unchecked Sendable {
             // A nested run may have deferred signalled sources of the outer mode: the hint
             // makes the outer pass look at them before it sleeps. (Descriptor sources it parked
             // are watched again before the outer pass's wait.)
-            if previous != nil, !deferredSignalled.isEmpty { doorbell.signalHint.store(true, ordering: .releasing) }
+            if nested, !deferredSignalled.isEmpty { doorbell.signalHint.store(true, ordering: .releasing) }
             // Stay armed for the mode the loop returns to (the outer run's, or after the
             // outermost run this one's): a loop hosted through `descriptor` learns that way
             // when its next timer is due, now or once it is hosted. Any other run arms for its
@@ -541,8 +544,8 @@ public final class PKRunLoop: @unchecked Sendable {
                 armTimer(for: previous ?? record)
                 // Nor does a host's descriptor turn readable for a deadline no run waits for
                 // (armed before the loop became hosted: a hosted loop never arms it).
-                if previous == nil { disarmDeadline() }
-            } else if previous == nil, armedRecord !== record {
+                if !nested { disarmDeadline() }
+            } else if !nested, armedRecord !== record {
                 armTimer(for: record)
             }
         }
@@ -983,12 +986,17 @@ public final class PKRunLoop: @unchecked Sendable {
         }
         // In a nested run: what the outer pass took and has not looked at yet.
         if signalledCursor < signalledBatch.count { takeRestOfBatch(into: &candidates) }
+        // Usually one: a port's message, moved out of the array rather than copied (a retain
+        // and a release). No rest for a nested run to find, nor to leave.
+        if candidates.count == 1 {
+            let source = candidates.removeLast()
+            swap(&spareSignalled, &candidates)
+            return perform(source, record)
+        }
         defer {
             candidates.removeAllKeepingStorage()
             swap(&spareSignalled, &candidates)
         }
-        // Usually one: a port's message. No rest for a nested run to find, nor to leave.
-        if candidates.count == 1 { return perform(candidates[0], record) }
         return performBatch(&candidates, record, returnAfter)
     }
 
