@@ -74,8 +74,9 @@ extension PKReceivePort {
                 }
                 let timeout = deadline.pollTimeoutMilliseconds(now: monotonicNanoseconds())
                 if timeout == 0 || (try? Descriptor.poll(room, events: Descriptor.readable, timeoutMilliseconds: timeout)) == 0 {
-                    // Room may have appeared just as the wait ended (by count or by bytes).
-                    if shared.withLock({ $0.isValid && hasRoom($0, for: bytes) }) { continue }
+                    // Room may have appeared just as the wait ended (by count or by bytes), or
+                    // the port may have been invalidated: the next look says so.
+                    if shared.withLock({ !$0.isValid || hasRoom($0, for: bytes) }) { continue }
                     throw PKError(.sendTimedOut, "the receive port's queue stayed full until the send deadline; nothing was sent")
                 }
             }

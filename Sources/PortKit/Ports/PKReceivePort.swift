@@ -520,6 +520,9 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
             state.isValid = false
             valid.store(false, ordering: .releasing)
             state.invalidationRequested = true
+            // Senders waiting for room learn it now, not when the loop next runs (its handler
+            // may be what holds the queue full) or at their deadline.
+            if wasValid && state.waitingSenders > 0 { EventFD.signal(state.roomSignal) }
             return (state.loop, wasValid)
         }
         guard wasValid else {

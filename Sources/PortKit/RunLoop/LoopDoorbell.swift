@@ -21,7 +21,9 @@ final class LoopDoorbell: Sendable {
     let signalHint = Atomic<Bool>(true)
     /// Custom sources signalled since the loop last looked, in the order they were signalled:
     /// a pass performs these, never scanning the mode's other sources.
-    let signalledQueue = PKMutex<[PKCustomSource]>([])
+    /// `nil` once the loop's thread has ended: a source signalled then is not kept (its
+    /// closures may hold the loop, which would then keep its descriptors for good).
+    let signalledQueue = PKMutex<[PKCustomSource]?>([])
 
     init() {}
 
@@ -33,7 +35,7 @@ final class LoopDoorbell: Sendable {
     /// Notes that `source`, a custom source of the loop, was signalled: the loop's next pass in
     /// one of the source's modes performs it. Safe from any thread.
     func noteSignalled(_ source: PKCustomSource) {
-        signalledQueue.withLock { $0.append(source) }
+        signalledQueue.withLock { $0?.append(source) }
         signalHint.store(true, ordering: .releasing)
     }
 

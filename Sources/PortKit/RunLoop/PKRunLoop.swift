@@ -880,7 +880,7 @@ public final class PKRunLoop: @unchecked Sendable {
     /// count the hint a run leaves when it ends (a nested run in an observer would otherwise
     /// keep the loop from ever sleeping), and it takes the signalled queue's lock. Loop-only.
     private func hasQueuedWork(_ mode: PKRunLoopMode?) -> Bool {
-        stopOrPerformQueued(mode) || doorbell.signalledQueue.withLock { !$0.isEmpty }
+        stopOrPerformQueued(mode) || doorbell.signalledQueue.withLock { $0?.isEmpty == false }
     }
 
     /// Whether a nested run took a signalled source of `mode` and deferred it (see `run`'s
@@ -981,7 +981,9 @@ public final class PKRunLoop: @unchecked Sendable {
         // meanwhile finds no spare, and gives the queue an empty array.)
         var candidates: [PKCustomSource] = []
         swap(&spareSignalled, &candidates)
-        doorbell.signalledQueue.withLock { swap(&$0, &candidates) }
+        doorbell.signalledQueue.withLock { queue in
+            if queue != nil { swap(&queue!, &candidates) }
+        }
         if !deferredSignalled.isEmpty {
             // In front: among sources of one order, those that waited go first (a source
             // signalled again at every pass would otherwise always come before them, in a loop
@@ -1365,7 +1367,11 @@ public final class PKRunLoop: @unchecked Sendable {
         // From here the queue takes nothing (no purge would take it), and every source still in
         // a mode leaves it now, cancelled for each: those another thread is invalidating at
         // this moment too, which it may not have queued yet.
-        invalidatedSources.withLock { $0 = nil }
+        // (Released after the lock: a source's closures may hold the last reference to an
+        // object whose deinit invalidates another source, which takes the lock.)
+        var queued: [PKCustomSource]? = nil
+        invalidatedSources.withLock { swap(&queued, &$0) }
+        queued = nil
         var sources: [ObjectIdentifier: PKCustomSource] = commonItems.customSources
         for record in modeItems.values { sources.merge(record.customSources) { first, _ in first } }
         for source in sources.values { source.invalidate() }
@@ -1382,7 +1388,7 @@ public final class PKRunLoop: @unchecked Sendable {
         deferredSignalled = []
         replySlots = []
         // Released after the locks: a block's captures may perform on this loop as they go.
-        var signalled: [PKCustomSource] = []
+        var signalled: [PKCustomSource]? = nil  // closes the queue
         doorbell.signalledQueue.withLock { swap(&signalled, &$0) }
         var blocks: [(modes: [PKRunLoopMode]?, block: @Sendable () -> Void)] = []
         performQueue.withLock { queue in

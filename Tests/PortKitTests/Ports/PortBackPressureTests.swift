@@ -152,6 +152,44 @@ import Testing
 
     /// A port's own queue limit (`PKPortLimits.maxQueuedMessages`) is the one enforced: with a
     /// limit of 5, a same-thread sender is refused long before the default 1000 messages.
+    /// A sender waiting for room in a full in-process queue learns of the port's invalidation
+    /// from another thread at once (`.invalidPort`), while the port's loop is busy elsewhere: it
+    /// slept until its deadline, then reported `.sendTimedOut`.
+    @Test func aSenderWaitingForRoomLearnsOfAnInvalidationAtOnce() throws {
+        var limits = PKPortLimits.default
+        limits.maxQueuedMessages = 1
+        let port = PKReceivePort(limits: limits)
+        let scheduled = TestLatch<Bool>()
+        let release = Locked(false)
+        let owner = TestThread(name: "busy-owner") {
+            do {
+                try PKRunLoop.current.add(port, forMode: .default)
+                scheduled.set(true)
+            } catch {
+                scheduled.set(false)
+            }
+            // Busy: its loop does not run until the test ends.
+            try? waitPatiently("the test's end", timeout: .seconds(60)) { release.value }
+        }
+        defer {
+            release.value = true
+            try? owner.join()
+        }
+        #expect(try scheduled.wait())
+        let right = port.makeSendRight()
+        try right.send(PKPortMessage(msgid: 1), timeout: .seconds(1))
+        let outcome = Locked<PKError.Code?>(nil)
+        let sender = TestThread(name: "waiting-sender") {
+            do { try right.send(PKPortMessage(msgid: 2), timeout: .seconds(60)) } catch let error as PKError {
+                outcome.value = error.code
+            } catch {}
+        }
+        try waitUntil("the sender to wait for room") { port.shared.withLock { $0.waitingSenders } == 1 }
+        port.invalidate()
+        try sender.join(timeout: patience(.seconds(10)))
+        #expect(outcome.value == .invalidPort)
+    }
+
     @Test func aPortsConfiguredQueueLimitIsEnforced() throws {
         try onPortLoopThread(timeout: .seconds(60)) { loop in
             var limits = PKPortLimits()

@@ -272,6 +272,62 @@ extension RunLoopTests {
             try waitUntil("the loop released") { weakLoop.value?.loop == nil }
         }
 
+        /// Nor one signalled then: it was queued for a pass that never comes, and its closure
+        /// kept the loop, and the loop's descriptors, for the life of the process.
+        @Test func aSourceSignalledAfterItsLoopsThreadEndedIsReleased() throws {
+            let handOff = Locked<PKCustomSource?>(nil)
+            let weakLoop = Locked<WeakLoop?>(nil)
+            let thread = TestThread(name: "ending-loop-signal") {
+                let loop = PKRunLoop.current
+                let source = PKCustomSource { _ = loop }  // its closure holds the loop
+                loop.add(source, forMode: "thread-end-signal")
+                loop.remove(source, forMode: "thread-end-signal")
+                handOff.value = source
+                weakLoop.value = WeakLoop(loop)
+            }
+            try thread.join()
+            try waitUntil("the loop's thread ended") { weakLoop.value?.loop?.threadEnded ?? true }
+            handOff.withLock { source in
+                source?.signal()
+                source = nil
+            }
+            try waitUntil("the loop released") { weakLoop.value?.loop == nil }
+        }
+
+        /// A source invalidated from another thread while in no mode waits in the loop's queue
+        /// of invalidated sources; released at the thread's end, its closure may release the
+        /// last reference to an object whose deinit invalidates another source of the loop,
+        /// which takes that queue's lock: it was released under the lock, and the thread hung.
+        @Test func aSourceReleasedAtItsLoopsThreadEndMayInvalidateAnother() throws {
+            final class InvalidatesOnDeinit: @unchecked Sendable {
+                let other: PKCustomSource
+                init(_ other: PKCustomSource) { self.other = other }
+                deinit { other.invalidate() }
+            }
+            let handOff = Locked<PKCustomSource?>(nil)
+            let dropped = Locked(false)
+            let thread = TestThread(name: "ending-loop-release") {
+                let loop = PKRunLoop.current
+                let other = PKCustomSource {}
+                loop.add(other, forMode: .default)
+                let holder = InvalidatesOnDeinit(other)
+                let first = PKCustomSource { _ = holder }
+                loop.add(first, forMode: .default)
+                loop.remove(first, forMode: .default)
+                handOff.value = first
+                // Until another thread has invalidated it and let it go: the loop holds the
+                // last reference, in its queue.
+                try? waitUntil("the source invalidated elsewhere", timeout: patience(.seconds(10))) { dropped.value }
+            }
+            try waitUntil("the source handed off") { handOff.value != nil }
+            handOff.withLock { source in
+                source?.invalidate()
+                source = nil
+            }
+            dropped.value = true
+            try thread.join(timeout: patience(.seconds(10)))
+        }
+
         /// A block given to `perform` once the loop's thread has ended is dropped, not queued
         /// for good: one that holds the loop (a port's watch queues such a block) kept it, and
         /// its descriptors, for the life of the process.
