@@ -249,9 +249,11 @@ extension RunLoopTests {
             #expect(!ended.observer.isValid)
         }
 
-        /// A custom source invalidated after its loop's thread ended is not kept by the loop
-        /// (no purge will take it): a source whose closure holds its loop would keep both alive.
-        @Test func aSourceInvalidatedAfterItsLoopsThreadEndedIsReleased() throws {
+        /// A custom source invalidated or signalled after its loop's thread ended is not kept
+        /// by the loop (no purge or pass will take it): a source whose closure holds its loop
+        /// would keep both alive, and the loop's descriptors. (A signal was queued for good.)
+        @Test(arguments: [false, true])
+        func aSourceInvalidatedOrSignalledAfterItsLoopsThreadEndedIsReleased(signalled: Bool) throws {
             let handOff = Locked<PKCustomSource?>(nil)
             let weakLoop = Locked<WeakLoop?>(nil)
             let thread = TestThread(name: "ending-loop-thread") {
@@ -266,29 +268,7 @@ extension RunLoopTests {
             // The thread's end runs after its body returned (a thread-local destructor).
             try waitUntil("the loop's thread ended") { weakLoop.value?.loop?.threadEnded ?? true }
             handOff.withLock { source in
-                source?.invalidate()
-                source = nil
-            }
-            try waitUntil("the loop released") { weakLoop.value?.loop == nil }
-        }
-
-        /// Nor one signalled then: it was queued for a pass that never comes, and its closure
-        /// kept the loop, and the loop's descriptors, for the life of the process.
-        @Test func aSourceSignalledAfterItsLoopsThreadEndedIsReleased() throws {
-            let handOff = Locked<PKCustomSource?>(nil)
-            let weakLoop = Locked<WeakLoop?>(nil)
-            let thread = TestThread(name: "ending-loop-signal") {
-                let loop = PKRunLoop.current
-                let source = PKCustomSource { _ = loop }  // its closure holds the loop
-                loop.add(source, forMode: "thread-end-signal")
-                loop.remove(source, forMode: "thread-end-signal")
-                handOff.value = source
-                weakLoop.value = WeakLoop(loop)
-            }
-            try thread.join()
-            try waitUntil("the loop's thread ended") { weakLoop.value?.loop?.threadEnded ?? true }
-            handOff.withLock { source in
-                source?.signal()
+                if signalled { source?.signal() } else { source?.invalidate() }
                 source = nil
             }
             try waitUntil("the loop released") { weakLoop.value?.loop == nil }
