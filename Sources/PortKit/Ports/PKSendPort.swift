@@ -478,30 +478,35 @@ final class SendConnection: @unchecked Sendable {
     /// receiver that never reads holds no descriptor of ours for long. A Mach port's queued
     /// messages outlive the send right that sent them in the same way.
     func invalidate(reason: String) {
-        let linger = lock.withLock { state -> (Bool, handOver: Bool)? in
-            guard state.invalidReason == nil else { return nil }
+        let lingers = lock.withLock { state -> Bool in
+            guard state.invalidReason == nil else { return false }
             if !state.pending.isEmpty {
                 _ = try? flushLocked(&state, until: .distantPast, failOnTimeout: false)
-                guard state.invalidReason == nil else { return nil }  // the receiver is gone
+                guard state.invalidReason == nil else { return false }  // the receiver is gone
             }
             state.invalidReason = reason
             guard !state.pending.isEmpty else {
                 Socket.shutdown(fd)
                 endFlushDuty(&state)
-                return nil
+                return false
             }
             state.lingerUntil = .after(Self.finalFlushPatience)
-            // Normally a loop (or the flusher) has the duty to write them already; not if its
-            // watch for room failed (`flushDutyReturned`).
-            return (true, handOver: takeFlushDuty(&state))
+            // (Listed for the exit's flush, if no one has the duty to write them: a loop's
+            // watch for room may have failed, `flushDutyReturned`.)
+            _ = takeFlushDuty(&state)
+            return true
         }
-        guard let linger else { return }
+        guard lingers else { return }
         guard let flusher = PKRunLoop.flusher else {
             // No thread could be started to write them: written here, waiting for room.
             flushPending()
             return
         }
-        if linger.handOver { flusher.perform { flusher.flushPendingWrites(of: self) } }
+        // The flusher writes them, even if a loop has them too: that loop may be inside a
+        // handler that does not return before the linger ends (a long wait of its own), and
+        // they would be dropped though the receiver read. Both writing is harmless: the lock
+        // orders them, and an invalidated connection takes no new bytes.
+        flusher.perform { flusher.flushPendingWrites(of: self) }
         flusher.perform {
             // Weak: a linger that ends sooner (all written) lets go of the connection at once.
             PKRunLoop.current.scheduleTimer(after: Self.finalFlushPatience, forMode: .common) { [weak self] _ in self?.endLinger() }

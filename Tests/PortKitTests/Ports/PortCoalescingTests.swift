@@ -203,6 +203,40 @@ import Testing
         }
     }
 
+    /// A handler invalidates a right it has just sent a frame through, which waits for room,
+    /// then stays busy: the frame still goes out whole when the receiver reads, then the end of
+    /// the stream. (Its loop had the duty to write it, and did not run: the flusher only ended
+    /// the linger, after 5 s, and dropped the frame though the receiver was reading.)
+    @Test func aFrameLeftByABusyHandlerThatInvalidatedItsRightStillGoesOut() throws {
+        let (readEnd, writeEnd, junkBytes) = try Self.fullSocket()
+        defer { Descriptor.close(readEnd) }
+        let right = PKSendPort(connection: SendConnection(takingOwnershipOf: writeEnd))
+        let message = PKPortMessage(msgid: 1, data: [UInt8](repeating: 7, count: 1000))
+        let invalidated = Locked(false)
+        let release = Locked(false)
+        let owner = TestThread(name: "busy-handler") {
+            let loop = PKRunLoop.current
+            let keeper = PKCustomSource {}
+            loop.add(keeper, forMode: .default)
+            loop.perform {
+                _ = try? right.send(message, timeout: .seconds(30))
+                right.invalidate()
+                invalidated.value = true
+                // Busy in the handler until the test is over.
+                try? waitPatiently("the test", timeout: .seconds(60)) { release.value }
+            }
+            loop.runOnce(in: .default, before: .after(patience(.seconds(10))))
+            keeper.invalidate()
+        }
+        defer {
+            release.value = true
+            try? owner.joinPatiently()
+        }
+        try waitPatiently("the invalidation in the handler") { invalidated.value }
+        let received = try Self.readToTheEnd(readEnd)
+        #expect(received == junkBytes + (try Self.frameSize(of: message)), "the frame was dropped, or cut")
+    }
+
     private static func frame(_ sender: Int, _ seq: UInt32, size: Int) -> PKPortMessage {
         PKPortMessage(msgid: UInt32(sender) << 24 | seq, data: [UInt8](repeating: UInt8(truncatingIfNeeded: seq), count: size))
     }
