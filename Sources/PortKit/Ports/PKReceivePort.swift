@@ -12,10 +12,13 @@ import Synchronization
 /// the loop's thread (the delegate's `handlePortMessage:`). Hand out send rights with
 /// `makeSendRight()` or by putting them in messages; any number of senders may feed one port.
 ///
-/// The port becomes invalid when `invalidate()` is called or its loop's thread ends; then
-/// every connection is closed, every sender sees its send right become invalid, and
-/// `onInvalidation` runs once on the loop's thread. When the last sender leaves, `onNoSenders`
-/// runs (as Mach's no-senders notification; the port stays valid).
+/// The port becomes invalid when `invalidate()` is called or its loop's thread ends while the
+/// port is in one of the loop's modes; then every connection is closed, every sender sees its
+/// send right become invalid, and `onInvalidation` runs once on the loop's thread. (A port out
+/// of every mode when its loop's thread ends is not reached by the loop, which holds no
+/// reference to it then: it stays valid, and what is sent to it waits, undelivered. Invalidate
+/// such a port before its thread ends.) When the last sender leaves, `onNoSenders` runs (as
+/// Mach's no-senders notification; the port stays valid).
 ///
 /// - Warning: A port belongs to the loop it is first scheduled on. The handlers, scheduling and
 ///   the settable properties are loop-only; `makeSendRight()`, `isValid` and `invalidate()` are
