@@ -478,25 +478,25 @@ final class SendConnection: @unchecked Sendable {
     /// receiver that never reads holds no descriptor of ours for long. A Mach port's queued
     /// messages outlive the send right that sent them in the same way.
     func invalidate(reason: String) {
-        let lingers = lock.withLock { state -> Bool in
-            guard state.invalidReason == nil else { return false }
+        // nil: nothing lingers; otherwise whether this call took the flush duty.
+        let lingers = lock.withLock { state -> Bool? in
+            guard state.invalidReason == nil else { return nil }
             if !state.pending.isEmpty {
                 _ = try? flushLocked(&state, until: .distantPast, failOnTimeout: false)
-                guard state.invalidReason == nil else { return false }  // the receiver is gone
+                guard state.invalidReason == nil else { return nil }  // the receiver is gone
             }
             state.invalidReason = reason
             guard !state.pending.isEmpty else {
                 Socket.shutdown(fd)
                 endFlushDuty(&state)
-                return false
+                return nil
             }
             state.lingerUntil = .after(Self.finalFlushPatience)
             // (Listed for the exit's flush, if no one has the duty to write them: a loop's
             // watch for room may have failed, `flushDutyReturned`.)
-            _ = takeFlushDuty(&state)
-            return true
+            return takeFlushDuty(&state)
         }
-        guard lingers else { return }
+        guard let ownsDuty = lingers else { return }
         guard let flusher = PKRunLoop.flusher else {
             // No thread could be started to write them: written here, waiting for room.
             flushPending()
@@ -506,7 +506,7 @@ final class SendConnection: @unchecked Sendable {
         // handler that does not return before the linger ends (a long wait of its own), and
         // they would be dropped though the receiver read. Both writing is harmless: the lock
         // orders them, and an invalidated connection takes no new bytes.
-        flusher.perform { flusher.flushPendingWrites(of: self) }
+        flusher.perform { flusher.flushPendingWrites(of: self, ownsDuty: ownsDuty) }
         flusher.perform {
             // Weak: a linger that ends sooner (all written) lets go of the connection at once.
             PKRunLoop.current.scheduleTimer(after: Self.finalFlushPatience, forMode: .common) { [weak self] _ in self?.endLinger() }

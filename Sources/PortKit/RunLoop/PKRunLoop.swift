@@ -484,8 +484,8 @@ public final class PKRunLoop: @unchecked Sendable {
     /// Asked to return after a source, a run performs one custom source (others signalled with
     /// it stay signalled, and go first among sources of their order at the next run), and, as
     /// `CFRunLoop`'s, a run that had not waited before it looks once at its timers and
-    /// descriptors first, if its mode has any: it fires the timers due and handles one ready
-    /// descriptor source, without sleeping. A run that waited for its source returns at once.
+    /// descriptors first, if its mode has any (or the loop has writes waiting for room): it
+    /// fires the timers due and handles one ready descriptor source, without sleeping. A run that waited for its source returns at once.
     ///
     /// - Parameters:
     ///   - mode: the mode to run; not `.common`.
@@ -661,10 +661,13 @@ public final class PKRunLoop: @unchecked Sendable {
             // descriptor source): a loop run once a message, whose sources are always signalled
             // again by the time it runs, would otherwise never fire a timer or read a socket.
             // The guide's round trip waited for its message, and returns at once; so does a run
-            // whose mode has neither timers nor descriptor sources to look at (a request's wait
-            // for its answer, which has often come before the wait began: the look was an
-            // epoll_wait a request, a fifth of a request's time between threads on one CPU).
-            if handledSource && returnAfter && (looked || !record.hasTimersOrDescriptors) { return .handledSource }
+            // whose mode has neither timers nor descriptor sources to look at, and the loop no
+            // blocked write to retry (a request's wait for its answer, which has often come
+            // before the wait began: the look was an epoll_wait a request, a fifth of a
+            // request's time between threads on one CPU).
+            if handledSource && returnAfter && (looked || !(record.hasTimersOrDescriptors || !blockedWrites.isEmpty)) {
+                return .handledSource
+            }
 
             let pollOnly = handledSource || hasPendingWork(mode)
             armTimer(for: record)
@@ -977,8 +980,9 @@ public final class PKRunLoop: @unchecked Sendable {
         guard doorbell.signalHint.exchange(false, ordering: .acquiringAndReleasing) else { return false }
         // The spare buffer is moved, not copied, into the queue: a copy is a retain and a
         // release, and it would leave the queue's buffer shared until the end, so that a
-        // signal from another thread meanwhile copied it under the lock. (A nested run
-        // meanwhile finds no spare, and gives the queue an empty array.)
+        // signal from another thread meanwhile copied it under the lock. (A nested run in the
+        // perform of a batch finds no spare, and gives the queue an empty array; one source
+        // alone gives the spare back before its perform.)
         var candidates: [PKCustomSource] = []
         swap(&spareSignalled, &candidates)
         doorbell.signalledQueue.withLock { queue in
@@ -1285,10 +1289,12 @@ public final class PKRunLoop: @unchecked Sendable {
     }
 
     /// Writes `connection`'s pending bytes for a thread that is not running a loop (this is
-    /// PortKit's flusher loop, `PKRunLoop.flusher`). Loop-only.
-    func flushPendingWrites(of connection: SendConnection) {
+    /// PortKit's flusher loop, `PKRunLoop.flusher`). Loop-only. `ownsDuty`: the caller took
+    /// the connection's flush duty for this loop (not so for an invalidated connection's
+    /// lingering bytes that another loop may have the duty to write too).
+    func flushPendingWrites(of connection: SendConnection, ownsDuty: Bool = true) {
         guard blockedWrites[connection.fd] == nil else { return }
-        if connection.flushPendingWithoutWaiting() == .blocked { watchForRoom(connection) }
+        if connection.flushPendingWithoutWaiting() == .blocked { watchForRoom(connection, ownsDuty: ownsDuty) }
     }
 
     /// Flushes pending bytes, waiting for room (`SendConnection.finalFlushPatience` at most,
@@ -1320,14 +1326,15 @@ public final class PKRunLoop: @unchecked Sendable {
         }
     }
 
-    private func watchForRoom(_ connection: SendConnection) {
+    private func watchForRoom(_ connection: SendConnection, ownsDuty: Bool = true) {
         do throws(PKError) {
             try Epoll.add(try epollFD(), connection.fd, events: Epoll.writable, token: Token.blockedWrite | UInt64(UInt32(bitPattern: connection.fd)))
             blockedWrites[connection.fd] = connection
         } catch {
             // Not watchable (epoll refused a connected socket: out of memory). The bytes stay
-            // pending; the connection's next send, or the thread's end, writes them.
-            connection.flushDutyReturned()
+            // pending, and the duty goes back (if it was this loop's): the connection's next
+            // send arranges another flush, and the exit's flush no longer counts on this one.
+            if ownsDuty { connection.flushDutyReturned() }
         }
     }
 

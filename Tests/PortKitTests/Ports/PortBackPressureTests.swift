@@ -150,8 +150,6 @@ import Testing
         }
     }
 
-    /// A port's own queue limit (`PKPortLimits.maxQueuedMessages`) is the one enforced: with a
-    /// limit of 5, a same-thread sender is refused long before the default 1000 messages.
     /// A sender waiting for room in a full in-process queue learns of the port's invalidation
     /// from another thread at once (`.invalidPort`), while the port's loop is busy elsewhere: it
     /// slept until its deadline, then reported `.sendTimedOut`.
@@ -190,6 +188,8 @@ import Testing
         #expect(outcome.value == .invalidPort)
     }
 
+    /// A port's own queue limit (`PKPortLimits.maxQueuedMessages`) is the one enforced: with a
+    /// limit of 5, a same-thread sender is refused long before the default 1000 messages.
     @Test func aPortsConfiguredQueueLimitIsEnforced() throws {
         try onPortLoopThread(timeout: .seconds(60)) { loop in
             var limits = PKPortLimits()
