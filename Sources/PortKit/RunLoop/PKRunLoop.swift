@@ -327,8 +327,9 @@ public final class PKRunLoop: @unchecked Sendable {
         _ = doorbell.wakePending.exchange(false, ordering: .acquiringAndReleasing)
         // A deadline armed before the loop was hosted, which no pass would read now.
         disarmDeadline()
-        // Work a consumed wake-up announced for another mode keeps the descriptor readable.
-        if hasQueuedWork(nil) { wakeUp() }
+        // Work a consumed wake-up announced for another mode keeps the descriptor readable:
+        // queued work, and sources a nested run deferred or parked for the host's mode.
+        if hasQueuedWork(nil) || !deferredSignalled.isEmpty || !parkedSources.isEmpty { wakeUp() }
     }
 
     /// The mode the innermost run of this loop is in, or `nil` when the loop is not running.
@@ -485,7 +486,8 @@ public final class PKRunLoop: @unchecked Sendable {
     /// it stay signalled, and go first among sources of their order at the next run), and, as
     /// `CFRunLoop`'s, a run that had not waited before it looks once at its timers and
     /// descriptors first, if its mode has any (or the loop has writes waiting for room): it
-    /// fires the timers due and handles one ready descriptor source, without sleeping. A run that waited for its source returns at once.
+    /// fires the timers due and handles one ready descriptor source, without sleeping. A run
+    /// that waited for its source returns at once.
     ///
     /// - Parameters:
     ///   - mode: the mode to run; not `.common`.
@@ -665,7 +667,7 @@ public final class PKRunLoop: @unchecked Sendable {
             // blocked write to retry (a request's wait for its answer, which has often come
             // before the wait began: the look was an epoll_wait a request, a fifth of a
             // request's time between threads on one CPU).
-            if handledSource && returnAfter && (looked || !(record.hasTimersOrDescriptors || !blockedWrites.isEmpty)) {
+            if handledSource && returnAfter && (looked || (!record.hasTimersOrDescriptors && blockedWrites.isEmpty)) {
                 return .handledSource
             }
 

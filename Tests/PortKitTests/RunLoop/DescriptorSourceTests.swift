@@ -505,6 +505,34 @@ extension RunLoopTests.DescriptorSourceTests {
         #expect(handled)
     }
 
+    /// A source a nested run deferred keeps a hosted loop's descriptor readable after a run of
+    /// an empty mode, which consumes the wake-up nobody sleeps for: the descriptor went quiet,
+    /// and the host never ran the pass that performs the deferred source.
+    @Test func aHostedLoopsDescriptorStaysReadableForADeferredSourceAfterAnEmptyRun() throws {
+        let performed = try onLoopThread { loop in
+            let other: PKRunLoopMode = "ds-defer-other"
+            let far = loop.scheduleTimer(after: .seconds(3600), forMode: other) { _ in }  // `other` is not empty
+            defer { far.invalidate() }
+            let performed = Locked(false)
+            let second = PKCustomSource { performed.value = true }
+            loop.add(second, forMode: .default)
+            defer { second.invalidate() }
+            let first = PKCustomSource {
+                second.signal()
+                loop.runOnePass(in: other)  // takes the signal, and defers `second` (not in `other`)
+            }
+            loop.add(first, forMode: .default)
+            defer { first.invalidate() }
+            _ = loop.descriptor
+            first.signal(waking: loop)
+            loop.runOnePass(in: .default)  // performs `first`; `second` waits, deferred
+            loop.run(in: "ds-defer-empty", until: .distantPast)  // an empty mode's run
+            try runAsHost(loop, .default, "the deferred source") { performed.value }
+            return performed.value
+        }
+        #expect(performed)
+    }
+
     /// A loop that ran before it was hosted, with a nested run of another mode in its last pass,
     /// stays armed for the mode it ran: its host learns when that mode's timer is due.
     @Test func aLoopHostedAfterItRanIsArmedForTheModeItRan() throws {
