@@ -187,8 +187,8 @@ static inline size_t pk_cmsg_space_fds(unsigned int count) {
 
 /// write(2), sendto(2), sendmsg(2) and recvmsg(2), made with syscall(2) rather than through
 /// glibc's wrappers: those are thread cancellation points, and each call pays for it with two
-/// atomic read-modify-writes (`__pthread_enable_asynccancel` and its pair), eight of the 66
-/// locked instructions of a thread round trip (docs/performance.md). PortKit never cancels a
+/// atomic read-modify-writes (`__pthread_enable_asynccancel` and its pair), eight locked
+/// instructions a thread round trip (docs/performance.md). PortKit never cancels a
 /// thread. Under ThreadSanitizer they are glibc's: it learns the order between threads from the
 /// calls it intercepts (a send, and the receive that returns its bytes). -1 and errno on failure,
 /// as the wrappers.

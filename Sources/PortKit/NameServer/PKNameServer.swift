@@ -53,7 +53,7 @@ public struct PKNameServer: Sendable {
         // The hook goes with the registration (`end` removes it): a port registered and
         // unregistered over and over keeps none, and its invalidation removes only the name it
         // still holds, not one registered again since for another port.
-        registration.invalidationHook = port.addInvalidationHook {
+        registration.invalidationHook = port.anchor.addInvalidationHook {
             registration.end()
             registry.withLock { entries in
                 if entries[key]?.value === registration { entries.removeValue(forKey: key) }

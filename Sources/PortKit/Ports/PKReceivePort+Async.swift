@@ -305,8 +305,8 @@ extension PKSendPort {
     /// is full or a socket with no room, waits on a thread of its own, one of at most 64, or
     /// suspended until one is free (or its send deadline passes), so that a consumer of that
     /// port that is a task, `messages()`, keeps the threads it needs to make room. Cancelling
-    /// the task does not end that wait. A port the message carries that is a connection has its ATTACH_SENDER
-    /// written on the task's thread, which may wait for room there.)
+    /// the task does not end that wait. A port the message carries that is a connection has
+    /// its ATTACH_SENDER written on the task's thread, which may wait for room there.)
     ///
     /// - Throws: `PKError` with `.sendTimedOut`, `.receiveTimedOut`, `.invalidPort`,
     ///   `.portInvalidated`, `.transport` or `.limitExceeded`, as `sendRequest`; `.cancelled`

@@ -45,8 +45,7 @@ extension PKReceivePort {
     func enqueueOwned(_ pending: inout PKPortMessage?, bytes: Int, epoch: UInt64?, before deadline: PKDeadline, waiting: Bool) throws(PKError) {
         while true {
             let outcome = try shared.withLock { state throws(PKError) -> MailboxOutcome in
-                guard state.isValid else { throw PKError(.invalidPort, "cannot send: the receive port was invalidated") }
-                if let epoch, epoch != state.senderEpoch { throw PKError(.invalidPort, "cannot send: the send right was invalidated") }
+                guard Self.accepts(state, epoch: epoch) else { throw Self.refusal(state) }
                 if hasRoom(state, for: bytes) {
                     state.mailbox.append(pending.take()!)
                     state.mailboxBytes += bytes
@@ -88,12 +87,20 @@ extension PKReceivePort {
     /// message is not sent after all (`ReplyRight.makeTransferDescriptor`). (Checked again
     /// under the lock as the message is queued.)
     private func checkAcceptsRights(epoch: UInt64?) throws(PKError) {
-        let refusal: String? = shared.withLock { state in
-            if !state.isValid { return "cannot send: the receive port was invalidated" }
-            if let epoch, epoch != state.senderEpoch { return "cannot send: the send right was invalidated" }
-            return nil
-        }
-        if let refusal { throw PKError(.invalidPort, refusal) }
+        if let refusal = shared.withLock({ Self.accepts($0, epoch: epoch) ? nil : Self.refusal($0) }) { throw refusal }
+    }
+
+    /// Whether the port takes a message through a right of `epoch` (nil: the port's own
+    /// right). Under the lock.
+    @inline(__always)
+    private static func accepts(_ state: Shared, epoch: UInt64?) -> Bool {
+        state.isValid && (epoch == nil || epoch == state.senderEpoch)
+    }
+
+    /// Why `accepts` said no. Under the lock; out of line (a refusal is rare).
+    @inline(never)
+    private static func refusal(_ state: Shared) -> PKError {
+        PKError(.invalidPort, state.isValid ? "cannot send: the send right was invalidated" : "cannot send: the receive port was invalidated")
     }
 
     /// Whether the mailbox takes a message of `bytes` data bytes now (one message always fits

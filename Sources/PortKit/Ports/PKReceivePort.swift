@@ -436,10 +436,6 @@ public final class PKReceivePort: @unchecked Sendable, CustomStringConvertible {
         source.invalidate()
     }
 
-    /// Runs `hook` when the port is invalidated (before `onInvalidation`) or released, unless
-    /// the anchor's `removeInvalidationHook` is given the token returned first. Loop-only.
-    func addInvalidationHook(_ hook: @escaping () -> Void) -> Int { anchor.addInvalidationHook(hook) }
-
     /// Takes a connection accepted from a named socket. Loop-only. The peer must be the same
     /// user and greet within `limits.greetingTimeout`; the port keeps at most
     /// `limits.maxPendingGreetings` accepted connections waiting for their greeting, dropping
@@ -1030,6 +1026,8 @@ final class PortAnchor: @unchecked Sendable {
     @exclusivity(unchecked) private(set) var invalidationHooks: [(token: Int, hook: () -> Void)] = []
     @exclusivity(unchecked) private var nextInvalidationHookToken = 0
 
+    /// Runs `hook` when the port is invalidated (before `onInvalidation`) or released, unless
+    /// `removeInvalidationHook` is given the token returned first. Loop-only.
     func addInvalidationHook(_ hook: @escaping () -> Void) -> Int {
         nextInvalidationHookToken += 1
         invalidationHooks.append((nextInvalidationHookToken, hook))

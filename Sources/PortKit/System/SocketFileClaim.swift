@@ -99,14 +99,15 @@ package final class SocketFileClaim: Sendable {
     /// descriptor and the file's inode. The corresponding system calls are `open(2)` and
     /// `flock(2)`.
     private static func takeLock(_ path: String, subject: String) throws(PKError) -> (Int32, UInt64) {
+        func notALockFile(_ path: String, _ subject: String) -> PKError {
+            PKError(.unsafeDirectory, "\(path) is in the way of \(subject) and is not a regular file; PortKit will not use it")
+        }
         for _ in 0..<16 {
             let fd: Int32
             do throws(PKError) { fd = try Files.openLockFile(path) } catch {
                 // A link, a directory or a socket at the lock path (a FIFO opens, and is
                 // refused below).
-                if Files.isNoLockFile(error.errno) {
-                    throw PKError(.unsafeDirectory, "\(path) is in the way of \(subject) and is not a regular file; PortKit will not use it")
-                }
+                if Files.isNoLockFile(error.errno) { throw notALockFile(path, subject) }
                 throw error
             }
             let locked: Bool
@@ -128,7 +129,7 @@ package final class SocketFileClaim: Sendable {
             if let held, let current, held.inode == current.inode {
                 guard current.kind == .regular else {
                     Descriptor.close(fd)
-                    throw PKError(.unsafeDirectory, "\(path) is in the way of \(subject) and is not a regular file; PortKit will not use it")
+                    throw notALockFile(path, subject)
                 }
                 return (fd, held.inode)
             }

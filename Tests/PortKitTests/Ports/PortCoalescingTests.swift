@@ -177,15 +177,8 @@ import Testing
         let payload = 1000
         let sentInRun = Locked(false)
         let release = Locked(false)
-        let owner = TestThread(name: "stops-running") {
-            let loop = PKRunLoop.current
-            let keeper = PKCustomSource {}
-            loop.add(keeper, forMode: .default)
-            loop.perform { sentInRun.value = (try? right.send(PKPortMessage(msgid: 1, data: [UInt8](repeating: 1, count: payload)), timeout: .seconds(30))) != nil }
-            loop.runOnce(in: .default, before: .after(patience(.seconds(10))))
-            // The loop is not run again until the test is over.
-            try? waitPatiently("the test", timeout: .seconds(30)) { release.value }
-            keeper.invalidate()
+        let owner = Self.loopThreadRunningOnce("stops-running", until: release) {
+            sentInRun.value = (try? right.send(PKPortMessage(msgid: 1, data: [UInt8](repeating: 1, count: payload)), timeout: .seconds(30))) != nil
         }
         defer {
             release.value = true
@@ -214,19 +207,12 @@ import Testing
         let message = PKPortMessage(msgid: 1, data: [UInt8](repeating: 7, count: 1000))
         let invalidated = Locked(false)
         let release = Locked(false)
-        let owner = TestThread(name: "busy-handler") {
-            let loop = PKRunLoop.current
-            let keeper = PKCustomSource {}
-            loop.add(keeper, forMode: .default)
-            loop.perform {
-                _ = try? right.send(message, timeout: .seconds(30))
-                right.invalidate()
-                invalidated.value = true
-                // Busy in the handler until the test is over.
-                try? waitPatiently("the test", timeout: .seconds(60)) { release.value }
-            }
-            loop.runOnce(in: .default, before: .after(patience(.seconds(10))))
-            keeper.invalidate()
+        let owner = Self.loopThreadRunningOnce("busy-handler", until: release) {
+            _ = try? right.send(message, timeout: .seconds(30))
+            right.invalidate()
+            invalidated.value = true
+            // Busy in the handler until the test is over.
+            try? waitPatiently("the test", timeout: .seconds(60)) { release.value }
         }
         defer {
             release.value = true
@@ -235,6 +221,20 @@ import Testing
         try waitPatiently("the invalidation in the handler") { invalidated.value }
         let received = try Self.readToTheEnd(readEnd)
         #expect(received == junkBytes + (try Self.frameSize(of: message)), "the frame was dropped, or cut")
+    }
+
+    /// A thread whose loop runs once, performing `block` in that run, and then runs no more
+    /// until `release` is set (the test's end).
+    private static func loopThreadRunningOnce(_ name: String, until release: Locked<Bool>, _ block: @escaping @Sendable () -> Void) -> TestThread {
+        TestThread(name: name) {
+            let loop = PKRunLoop.current
+            let keeper = PKCustomSource {}
+            loop.add(keeper, forMode: .default)
+            loop.perform(block)
+            loop.runOnce(in: .default, before: .after(patience(.seconds(10))))
+            try? waitPatiently("the test", timeout: .seconds(60)) { release.value }
+            keeper.invalidate()
+        }
     }
 
     private static func frame(_ sender: Int, _ seq: UInt32, size: Int) -> PKPortMessage {
