@@ -625,14 +625,16 @@ final class SendConnection: @unchecked Sendable {
     /// not streaming on this connection, and its reader had that time; a round trip's next
     /// send comes after such a wait, and so reads no clock. Yes if a running loop made it and
     /// has not waited since: its passes since ran back to back (and it writes what it leaves
-    /// pending before it waits). Otherwise, if it was written within `recentWriteNanoseconds`.
-    static func wroteRecently(_ state: State, _ here: PKRunLoop.ThreadLoop?) -> Bool {
+    /// pending before it waits). Otherwise, if it was written within `recentWriteNanoseconds`
+    /// of `now` (the clock, read only then; a test gives its own reading, which no preemption
+    /// between two readings can age).
+    static func wroteRecently(_ state: State, _ here: PKRunLoop.ThreadLoop?, now: () -> UInt64 = monotonicNanoseconds) -> Bool {
         if let here, state.writerLoop == here.id {
             if state.writerWaits != here.waits { return false }
             // Equal waits while running: the write was made in this run (entering one counts).
             if here.isRunning { return true }
         }
-        return state.lastWriteAt != 0 && monotonicNanoseconds() &- state.lastWriteAt < recentWriteNanoseconds
+        return state.lastWriteAt != 0 && now() &- state.lastWriteAt < recentWriteNanoseconds
     }
 
     private enum WriteStep {

@@ -17,10 +17,12 @@ import Testing
             // Outside any run, a write is dated by the clock.
             state.writerLoop = outside.id
             state.writerWaits = outside.waits
-            state.lastWriteAt = monotonicNanoseconds()
-            expect(SendConnection.wroteRecently(state, outside), true, "written just now outside a run: recent")
-            state.lastWriteAt = monotonicNanoseconds() - 1_000_000
-            expect(SendConnection.wroteRecently(state, outside), false, "written 1 ms ago outside a run: not recent")
+            // (The clock is given: a preemption between two readings of it, under a sanitizer and
+            // the suite's load, once aged a write "just now" past the 2 µs window.)
+            let writtenAt = monotonicNanoseconds()
+            state.lastWriteAt = writtenAt
+            expect(SendConnection.wroteRecently(state, outside, now: { writtenAt }), true, "written just now outside a run: recent")
+            expect(SendConnection.wroteRecently(state, outside, now: { writtenAt + 1_000_000 }), false, "written 1 ms ago outside a run: not recent")
 
             // Inside a run, a write of this run is recent with no clock, until the loop waits.
             let timer = PKTimer(fireDate: .after(.seconds(3600))) { _ in }
@@ -49,8 +51,9 @@ import Testing
                     found.withLock { $0.append("this run's write, no wait since: not recent") }
                 }
                 var elsewhere = SendConnection.State()
-                elsewhere.lastWriteAt = monotonicNanoseconds()
-                if !SendConnection.wroteRecently(elsewhere, inside) {
+                let elsewhereAt = monotonicNanoseconds()
+                elsewhere.lastWriteAt = elsewhereAt
+                if !SendConnection.wroteRecently(elsewhere, inside, now: { elsewhereAt }) {
                     found.withLock { $0.append("another thread's write just now: not recent") }
                 }
                 runWaits.value = inside.waits
